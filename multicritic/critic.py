@@ -1,0 +1,291 @@
+"""The DreamerV3 critic and its slow (EMA) copy."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import keras
+from keras import ops
+
+from multicritic.bins import check_bin_args
+from multicritic.layers.mlp import MLP
+from multicritic.losses import EMA_REGULARIZERS
+from multicritic.layers.reward_predictor import RewardPredictorLayer
+from multicritic.sizes import get_model_dims
+
+
+
+def _shape(x) -> Tuple:
+    return tuple(None if d is None else int(d) for d in x)
+
+
+def check_critic_options(ema_decay, ema_update_period, ema_regularizer_weight, ema_regularizer):
+    """Raises a `ValueError` for slow-critic options outside their range."""
+    if not 0.0 <= float(ema_decay) <= 1.0:
+        raise ValueError(f"ema_decay: got {ema_decay!r}, expected a number in [0, 1].")
+    if isinstance(ema_update_period, bool) or int(ema_update_period) != ema_update_period or ema_update_period < 1:
+        raise ValueError(f"ema_update_period: got {ema_update_period!r}, expected an integer >= 1.")
+    if not float(ema_regularizer_weight) >= 0.0:
+        raise ValueError(f"ema_regularizer_weight: got {ema_regularizer_weight!r}, expected a number >= 0.")
+    if ema_regularizer not in EMA_REGULARIZERS:
+        raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
+
+
+@keras.saving.register_keras_serializable(package="multicritic")
+class CriticNetwork(keras.Model):
+    """The DreamerV3 critic: a distributional value network plus its EMA copy.
+
+    The state `x = concat([h, flatten(z)])` goes through an `MLP` and a
+    `RewardPredictorLayer` (255 buckets over symlog returns, zero-initialised
+    head). A second, structurally identical network (`mlp_ema`,
+    `return_layer_ema`) holds an exponential moving average of the weights;
+    its variables are never trainable (`critic.trainable_variables` holds only
+    the fast critic's weights, in the same order as
+    `critic.non_trainable_variables` holds their EMA copies). The EMA copy is
+    initialised from the fast weights when the critic is built; call
+    `update_ema()` after every optimizer step (`CriticTrainer` does).
+
+    The sub-layer names are those of RLlib's TensorFlow critic so weights map
+    one to one (see `multicritic.rllib`).
+
+    Args:
+        model_size: DreamerV3 size, `"nano"` ... `"XL"` (see
+            `get_model_dims`), or `None` with explicit dimensions below.
+        num_buckets: buckets of the value distribution (>= 2).
+        lower_bound: symlog-space lower end of the support.
+        upper_bound: symlog-space upper end of the support.
+        ema_decay: `d` in `ema <- d * ema + (1 - d) * fast`, in [0, 1].
+        bin_scheme: `"uniform_symlog"` (2023, the reference) or `"symexp"`
+            (2024).
+        num_dense_layers, dense_hidden_units: MLP overrides.
+        gru_units, num_z_categoricals, num_z_classes: input-size overrides;
+            with `model_size=None` any left out are taken from the first call.
+        ema_update_period: update the EMA every this many optimizer steps.
+        ema_regularizer_weight: weight of the slow-critic regulariser in the
+            loss (1.0 in the reference).
+        ema_regularizer: `"two_hot_mean"` (cross-entropy to the two-hot of
+            the EMA critic's expected value, the reference) or
+            `"distribution"` (cross-entropy to the EMA critic's bucket
+            distribution).
+        ema_targets: compute lambda-return targets from the EMA critic's
+            values instead of the fast critic's.
+        **kwargs: passed to `keras.Model` (`name`, `dtype`, ...).
+
+    Call arguments:
+        h: deterministic recurrent state `[B, gru_units]`.
+        z: stochastic categorical state `[B, num_z_categoricals, num_z_classes]`.
+        use_ema: Python bool; run the EMA copy instead of the fast critic.
+
+    Returns:
+        `(value_symlog, logits)`: expected value in symlog space `[B]`
+        (apply `inverse_symlog` for real returns) and float32 logits
+        `[B, num_buckets]`.
+
+    Example:
+        >>> critic = CriticNetwork(model_size="XS")
+        >>> value, logits = critic(np.zeros((8, 256), "float32"),
+        ...                        np.zeros((8, 32, 32), "float32"))
+        >>> value.shape, logits.shape
+        ((8,), (8, 255))
+
+    Reference:
+        Hafner et al., "Mastering Diverse Domains through World Models",
+        arXiv 2301.04104; RLlib's `dreamerv3/tf/models/critic_network.py`.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_size: Optional[str] = "XS",
+        num_buckets: int = 255,
+        lower_bound: float = -20.0,
+        upper_bound: float = 20.0,
+        ema_decay: float = 0.98,
+        bin_scheme: str = "uniform_symlog",
+        num_dense_layers: Optional[int] = None,
+        dense_hidden_units: Optional[int] = None,
+        gru_units: Optional[int] = None,
+        num_z_categoricals: Optional[int] = None,
+        num_z_classes: Optional[int] = None,
+        ema_update_period: int = 1,
+        ema_regularizer_weight: float = 1.0,
+        ema_regularizer: str = "two_hot_mean",
+        ema_targets: bool = False,
+        **kwargs,
+    ):
+        dims = get_model_dims(
+            model_size,
+            gru_units=gru_units,
+            dense_hidden_units=dense_hidden_units,
+            num_dense_layers=num_dense_layers,
+            num_z_categoricals=num_z_categoricals,
+            num_z_classes=num_z_classes,
+        )
+        check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
+        check_critic_options(ema_decay, ema_update_period, ema_regularizer_weight, ema_regularizer)
+        kwargs.setdefault("name", "critic")
+        super().__init__(**kwargs)
+        self.model_size = model_size
+        self.num_buckets = int(num_buckets)
+        self.lower_bound = float(lower_bound)
+        self.upper_bound = float(upper_bound)
+        self.ema_decay = float(ema_decay)
+        self.bin_scheme = bin_scheme
+        self.num_dense_layers = dims["num_dense_layers"]
+        self.dense_hidden_units = dims["dense_hidden_units"]
+        self.gru_units = dims["gru_units"]
+        self.num_z_categoricals = dims["num_z_categoricals"]
+        self.num_z_classes = dims["num_z_classes"]
+        self.ema_update_period = int(ema_update_period)
+        self.ema_regularizer_weight = float(ema_regularizer_weight)
+        self.ema_regularizer = ema_regularizer
+        self.ema_targets = bool(ema_targets)
+
+        def mlp(name):
+            return MLP(
+                model_size=model_size,
+                num_dense_layers=self.num_dense_layers,
+                dense_hidden_units=self.dense_hidden_units,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        def head(name):
+            return RewardPredictorLayer(
+                num_buckets=num_buckets,
+                lower_bound=lower_bound,
+                upper_bound=upper_bound,
+                bin_scheme=bin_scheme,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        self.mlp = mlp("mlp")
+        self.return_layer = head("return_layer")
+        self.mlp_ema = mlp("mlp_ema")
+        self.return_layer_ema = head("return_layer_ema")
+        if None not in (self.gru_units, self.num_z_categoricals, self.num_z_classes):
+            self.build(
+                (None, self.gru_units),
+                (None, self.num_z_categoricals, self.num_z_classes),
+            )
+
+    # Keras 3 only passes `trainable` down to variables that exist when it is
+    # set, and `critic.trainable = True` would reach the EMA copy: keep it
+    # frozen whatever the critic's own flag.
+    @property
+    def trainable(self):
+        return self._trainable
+
+    @trainable.setter
+    def trainable(self, value):
+        keras.layers.Layer.trainable.fset(self, value)
+        for layer in (getattr(self, "mlp_ema", None), getattr(self, "return_layer_ema", None)):
+            if layer is not None:
+                layer.trainable = False
+
+    def _check_inputs(self, h_shape, z_shape):
+        h_shape, z_shape = _shape(h_shape), _shape(z_shape)
+        want_h = (None, self.gru_units)
+        want_z = (None, self.num_z_categoricals, self.num_z_classes)
+
+        def fmt(shape):
+            return "[" + ", ".join("B" if d is None else str(d) for d in shape) + "]"
+
+        if len(h_shape) != 2 or (self.gru_units is not None and h_shape[1] != self.gru_units):
+            raise ValueError(f"h: got shape {list(h_shape)}, expected {fmt(want_h)} (gru_units={self.gru_units}).")
+        if len(z_shape) != 3 or any(w is not None and d != w for d, w in zip(z_shape[1:], want_z[1:])):
+            raise ValueError(
+                f"z: got shape {list(z_shape)}, expected {fmt(want_z)} "
+                f"(num_z_categoricals={self.num_z_categoricals}, num_z_classes={self.num_z_classes})."
+            )
+        if h_shape[0] is not None and z_shape[0] is not None and h_shape[0] != z_shape[0]:
+            raise ValueError(
+                f"h, z: batch sizes differ: h has shape {list(h_shape)}, z has shape {list(z_shape)}; "
+                "expected the same leading dimension B."
+            )
+
+    def build(self, h_shape, z_shape):
+        self._check_inputs(h_shape, z_shape)
+        self.gru_units = int(h_shape[-1])
+        self.num_z_categoricals, self.num_z_classes = int(z_shape[-2]), int(z_shape[-1])
+        in_shape = (None, self.gru_units + self.num_z_categoricals * self.num_z_classes)
+        hidden_shape = (None, self.dense_hidden_units)
+        for mlp, head in ((self.mlp, self.return_layer), (self.mlp_ema, self.return_layer_ema)):
+            mlp.build(in_shape)
+            head.build(hidden_shape)
+        for layer in (self.mlp_ema, self.return_layer_ema):
+            layer.trainable = False
+        self.built = True
+        self.init_ema()
+
+    def call(self, h, z, use_ema=False):
+        self._check_inputs(h.shape, z.shape)
+        z = ops.reshape(ops.cast(z, h.dtype), (-1, self.num_z_categoricals * self.num_z_classes))
+        x = ops.concatenate([h, z], axis=-1)
+        if use_ema:
+            return self.return_layer_ema(self.mlp_ema(x))
+        return self.return_layer(self.mlp(x))
+
+    def compute_output_shape(self, h_shape, z_shape, use_ema=False):
+        return (h_shape[0],), (h_shape[0], self.num_buckets)
+
+    @property
+    def fast_weights(self) -> List:
+        """The fast critic's variables, in the order of `ema_weights`."""
+        return self.mlp.weights + self.return_layer.weights
+
+    @property
+    def ema_weights(self) -> List:
+        """The EMA copy's variables, pairwise matching `fast_weights`."""
+        return self.mlp_ema.weights + self.return_layer_ema.weights
+
+    def compute_ema(self, fast_values: Sequence, ema_values: Sequence, decay: Optional[float] = None) -> List:
+        """Pure EMA step: returns `[d * e + (1 - d) * f for f, e in pairs]`.
+
+        Takes and returns plain tensors, so it can run inside `jax.jit` on
+        the values of a stateless step (`fast_values` in the order of
+        `trainable_variables`, `ema_values` in that of
+        `non_trainable_variables`).
+        """
+        d = self.ema_decay if decay is None else decay
+        return [d * ops.convert_to_tensor(e) + (1.0 - d) * ops.convert_to_tensor(f) for f, e in zip(fast_values, ema_values)]
+
+    def init_ema(self) -> None:
+        """Copies every fast variable (LayerNorm scale and centre included) into the EMA copy."""
+        if not self.built:
+            raise ValueError("init_ema: the critic has no variables yet; call it once or build it first.")
+        for fast, ema in zip(self.fast_weights, self.ema_weights):
+            # A copy: the two must never share storage (JAX donates buffers).
+            ema.assign(ops.copy(fast.value))
+
+    def update_ema(self, decay: Optional[float] = None) -> None:
+        """`ema <- d * ema + (1 - d) * fast` for every variable, through `Variable.assign`."""
+        if not self.built:
+            raise ValueError("update_ema: the critic has no variables yet; call it once or build it first.")
+        fast, ema = self.fast_weights, self.ema_weights
+        for var, value in zip(ema, self.compute_ema([v.value for v in fast], [v.value for v in ema], decay)):
+            var.assign(value)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "model_size": self.model_size,
+                "num_buckets": self.num_buckets,
+                "lower_bound": self.lower_bound,
+                "upper_bound": self.upper_bound,
+                "ema_decay": self.ema_decay,
+                "bin_scheme": self.bin_scheme,
+                "num_dense_layers": self.num_dense_layers,
+                "dense_hidden_units": self.dense_hidden_units,
+                "gru_units": self.gru_units,
+                "num_z_categoricals": self.num_z_categoricals,
+                "num_z_classes": self.num_z_classes,
+                "ema_update_period": self.ema_update_period,
+                "ema_regularizer_weight": self.ema_regularizer_weight,
+                "ema_regularizer": self.ema_regularizer,
+                "ema_targets": self.ema_targets,
+            }
+        )
+        return config

@@ -1,0 +1,70 @@
+"""DreamerV3 model sizes (Hafner et al. 2023, Appendix B, plus RLlib's debug sizes)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+# name: (gru_units, dense_hidden_units, num_dense_layers, num_z_categoricals,
+#        num_z_classes). "nano".."XXS" are RLlib's small debug sizes.
+_MODEL_DIMS = {
+    "nano": (16, 16, 1, 4, 4),
+    "micro": (32, 32, 1, 8, 8),
+    "mini": (64, 64, 1, 16, 16),
+    "XXS": (128, 128, 1, 32, 32),
+    "XS": (256, 256, 1, 32, 32),
+    "S": (512, 512, 2, 32, 32),
+    "M": (1024, 640, 3, 32, 32),
+    "L": (2048, 768, 4, 32, 32),
+    "XL": (4096, 1024, 5, 32, 32),
+}
+_KEYS = (
+    "gru_units",
+    "dense_hidden_units",
+    "num_dense_layers",
+    "num_z_categoricals",
+    "num_z_classes",
+)
+
+MODEL_SIZES = tuple(_MODEL_DIMS)
+
+
+def get_model_dims(model_size: Optional[str], **overrides: Optional[int]) -> Dict[str, Optional[int]]:
+    """Returns the network dimensions of a DreamerV3 model size.
+
+    Args:
+        model_size: one of `"nano"`, `"micro"`, `"mini"`, `"XXS"`, `"XS"`,
+            `"S"`, `"M"`, `"L"`, `"XL"`, or `None` (every dimension then
+            comes from `overrides` and is `None` where none is given).
+        **overrides: explicit values for any of `gru_units`,
+            `dense_hidden_units`, `num_dense_layers`, `num_z_categoricals`,
+            `num_z_classes`; a value of `None` keeps the size's default.
+
+    Returns:
+        A dict with the five keys above.
+
+    Raises:
+        ValueError: for an unknown `model_size`, an unknown override name, or
+            a non-positive override.
+    """
+    unknown = set(overrides) - set(_KEYS)
+    if unknown:
+        raise ValueError(
+            f"get_model_dims: unknown dimension(s) {sorted(unknown)}; "
+            f"expected some of {list(_KEYS)}."
+        )
+    if model_size is None:
+        dims = dict.fromkeys(_KEYS)
+    elif model_size in _MODEL_DIMS:
+        dims = dict(zip(_KEYS, _MODEL_DIMS[model_size]))
+    else:
+        raise ValueError(
+            f"model_size: got {model_size!r}, expected one of "
+            f"{list(MODEL_SIZES)} or None."
+        )
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or int(value) != value or value < 1:
+            raise ValueError(f"{key}: got {value!r}, expected a positive integer.")
+        dims[key] = int(value)
+    return dims

@@ -1,0 +1,81 @@
+"""JAX: gradients with `jax.grad` over a stateless step, compiled with `jax.jit`.
+
+All state (critic, EMA copy, optimizer, step counter) goes into the jitted
+function as arrays and comes back updated; the shared step runs inside
+`keras.StatelessScope`s and its `Variable.assign`s become the new state.
+"""
+
+from __future__ import annotations
+
+import jax
+from keras import StatelessScope
+
+
+def make_train_function(trainer, loss_fn, batch_axis):
+    variables = trainer.state_variables
+    trainable = trainer.critic.trainable_variables
+    n_trainable = len(trainable)
+
+    def step(state, batch):
+        def scaled_loss(trainable_values):
+            mapping = list(zip(variables, list(trainable_values) + list(state[n_trainable:])))
+            with StatelessScope(state_mapping=mapping):
+                loss, losses = loss_fn(*batch)
+                return trainer._scaled_loss(loss), losses
+
+        grads, losses = jax.grad(scaled_loss, has_aux=True)(state[:n_trainable])
+        with StatelessScope(state_mapping=list(zip(variables, state))) as scope:
+            metrics = trainer._apply(list(grads), losses)
+        new_state = []
+        for var, old in zip(variables, state):
+            value = scope.get_current_value(var)
+            new_state.append(old if value is None else value)
+        return new_state, metrics
+
+    # Donating the state lets XLA update the weights in place.
+    compiled = jax.jit(step, donate_argnums=0)
+
+    def run(*batch):
+        state, seen = [], set()
+        for var in variables:
+            value = var.value
+            if id(value) in seen:  # one buffer cannot be donated twice
+                value = value.copy()
+            seen.add(id(value))
+            state.append(value)
+        new_state, metrics = compiled(state, batch)
+        for var, value in zip(variables, new_state):
+            var.assign(value)
+        return metrics
+
+    run.compiled = compiled
+    return run
+
+
+def _bucket(batch: int) -> int:
+    return max(8, 1 << (batch - 1).bit_length())
+
+
+def make_predict_function(critic, use_ema):
+    """Jitted forward pass; batches are padded to a power of two (rows are independent),
+    so batch sizes 1..8 share one compilation, 9..16 the next, and so on."""
+    import jax.numpy as jnp
+
+    def forward(trainable, non_trainable, h, z):
+        outputs, _ = critic.stateless_call(trainable, non_trainable, h, z, use_ema=use_ema)
+        return outputs
+
+    compiled = jax.jit(forward)
+
+    def run(h, z):
+        batch = h.shape[0]
+        pad = _bucket(batch) - batch
+        h = jnp.pad(h, [(0, pad), (0, 0)])
+        z = jnp.pad(z, [(0, pad), (0, 0), (0, 0)])
+        value, logits = compiled(
+            [v.value for v in critic.trainable_variables], [v.value for v in critic.non_trainable_variables], h, z
+        )
+        return value[:batch], logits[:batch]
+
+    run.compiled = compiled
+    return run

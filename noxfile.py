@@ -1,0 +1,43 @@
+"""One nox session per entry of backends_matrix.yaml, each running the same test-suite.
+
+`nox` runs them all; `nox -s torch` one; `nox -s jax -- -k two_hot` passes
+arguments to pytest.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import nox
+import yaml
+
+ROOT = pathlib.Path(__file__).parent
+MATRIX = yaml.safe_load((ROOT / "backends_matrix.yaml").read_text())
+
+nox.options.default_venv_backend = "virtualenv"  # pip-based: see backends_matrix.yaml
+nox.options.reuse_existing_virtualenvs = False
+
+
+def _make_session(name: str, spec: dict):
+    def session(s: nox.Session) -> None:
+        common = MATRIX.get("common", {})
+        env = {**common.get("env", {}), **spec.get("env", {}), "KERAS_BACKEND": spec["backend"]}
+        s.install(*common.get("packages", []), *spec["packages"])
+        s.install("-e", ".[test]")
+        # Fail early if Keras does not really run on this session's backend.
+        s.run(
+            "python",
+            "-c",
+            "import keras, sys; b = keras.backend.backend(); print('keras', keras.__version__, 'backend', b); "
+            f"sys.exit(0 if b == {spec['backend']!r} else 'wrong backend: ' + b)",
+            env=env,
+        )
+        s.run("pytest", *spec.get("pytest_args", []), *s.posargs, env=env)
+
+    session.__name__ = name.replace("-", "_")
+    session.__doc__ = f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(spec['packages'])})."
+    return nox.session(name=name, python=False if spec.get("no_venv") else None)(session)
+
+
+for _name, _spec in MATRIX["sessions"].items():
+    globals()[_name.replace("-", "_")] = _make_session(_name, _spec)

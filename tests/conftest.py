@@ -1,0 +1,71 @@
+"""Shared test helpers. Every test runs on the backend named by KERAS_BACKEND."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+BACKEND = keras.backend.backend()
+
+
+def pytest_report_header(config):
+    return f"keras {keras.__version__}, backend {BACKEND}"
+
+
+def pytest_sessionstart(session):
+    wanted = os.environ.get("KERAS_BACKEND")
+    if wanted and wanted != BACKEND:
+        raise pytest.UsageError(f"KERAS_BACKEND={wanted} but Keras runs on {BACKEND}")
+
+
+def to_np(x):
+    """Backend tensor (or structure of them) -> numpy."""
+    if isinstance(x, dict):
+        return {k: to_np(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_np(v) for v in x)
+    if BACKEND == "torch" and hasattr(x, "detach"):
+        x = x.detach()
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def compiled(fn):
+    """`fn` compiled the way this backend compiles (torch: dynamo full graph)."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    import torch
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="aot_eager", fullgraph=True)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    keras.utils.set_random_seed(1234)
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def random_inputs(critic, batch, seed=0):
+    rng = np.random.default_rng(seed)
+    h = rng.normal(size=(batch, critic.gru_units)).astype("float32")
+    z = rng.random(size=(batch, critic.num_z_categoricals, critic.num_z_classes)).astype("float32")
+    return h, z
+
+
+def randomize(critic, seed=0, scale=0.3):
+    """Gives every fast weight (the zero head included) random values and re-syncs the EMA copy."""
+    rng = np.random.default_rng(seed)
+    for v in critic.fast_weights:
+        v.assign(rng.normal(scale=scale, size=tuple(v.shape)).astype("float32"))
+    critic.init_ema()
