@@ -6,6 +6,7 @@ from multicritic.layers.mlp import MLP
 from multicritic.layers.reward_predictor import RewardPredictorLayer
 from multicritic.losses import critic_loss
 from multicritic.returns import dream_loss_weights, lambda_returns
+from multicritic.rllib import export_rllib_weights, load_rllib_weights
 from multicritic.sizes import get_model_dims
 from multicritic.training.trainer import CriticTrainer
 

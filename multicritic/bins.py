@@ -18,13 +18,22 @@ Every function here is pure `keras.ops` and runs eagerly or inside
 
 from __future__ import annotations
 
-import functools
+import math
 from typing import Tuple
 
 import numpy as np
 from keras import ops
 
 BIN_SCHEMES = ("uniform_symlog", "symexp")
+
+
+def _constant(table):
+    """A cached table (a tuple of Python floats) as a float32 backend constant.
+
+    Tables are kept as Python floats, not numpy arrays: `torch.compile` turns
+    numpy arrays met while tracing into tensors it cannot convert back.
+    """
+    return ops.convert_to_tensor(list(table), dtype="float32")
 
 
 def symlog(x):
@@ -46,7 +55,7 @@ def check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme="uniform_sy
     """Raises a `ValueError` for bucket arguments no support can be built from."""
     if isinstance(num_buckets, bool) or int(num_buckets) != num_buckets or num_buckets < 2:
         raise ValueError(f"num_buckets: got {num_buckets!r}, expected an integer >= 2.")
-    if not (np.isfinite(lower_bound) and np.isfinite(upper_bound)) or lower_bound >= upper_bound:
+    if not (math.isfinite(lower_bound) and math.isfinite(upper_bound)) or lower_bound >= upper_bound:
         raise ValueError(
             f"lower_bound/upper_bound: got ({lower_bound!r}, {upper_bound!r}), "
             "expected finite bounds with lower_bound < upper_bound."
@@ -64,19 +73,26 @@ def _tf_linspace_float32(lower, upper, num):
     return np.concatenate([[lower], inner, [upper]]).astype(np.float32)
 
 
-@functools.lru_cache(maxsize=64)
-def _buckets(num_buckets, lower_bound, upper_bound, bin_scheme):
-    if bin_scheme == "uniform_symlog":
-        out = _tf_linspace_float32(lower_bound, upper_bound, num_buckets)
-    else:
-        grid = np.linspace(lower_bound, upper_bound, num_buckets, dtype=np.float64)
-        out = np.sign(grid) * np.expm1(np.abs(grid))
-        if lower_bound == -upper_bound:
-            # Exactly antisymmetric (and 0 in the middle), as published.
-            out = (out - out[::-1]) / 2.0
-        out = out.astype(np.float32)
-    out.setflags(write=False)
-    return out
+# Tables are cached as tuples of Python floats in a plain dict: a hit inside
+# a compiled function is a constant. `torch.compile` cannot build one (it
+# traces numpy into tensors), so tables other than the default are built
+# eagerly by the layers' constructors, or by one eager call of `bucket_values`.
+_TABLES = {}
+
+
+def _bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme):
+    key = (num_buckets, lower_bound, upper_bound, bin_scheme)
+    if key not in _TABLES:
+        if bin_scheme == "uniform_symlog":
+            out = _tf_linspace_float32(lower_bound, upper_bound, num_buckets)
+        else:
+            grid = np.linspace(lower_bound, upper_bound, num_buckets, dtype=np.float64)
+            out = np.sign(grid) * np.expm1(np.abs(grid))
+            if lower_bound == -upper_bound:
+                # Exactly antisymmetric (and 0 in the middle), as published.
+                out = (out - out[::-1]) / 2.0
+        _TABLES[key] = tuple(np.asarray(out, np.float32).tolist())
+    return _TABLES[key]
 
 
 def bucket_values(
@@ -85,40 +101,63 @@ def bucket_values(
     upper_bound: float = 20.0,
     bin_scheme: str = "uniform_symlog",
 ) -> np.ndarray:
-    """The bucket support as a read-only float32 numpy array `[num_buckets]`.
+    """The bucket support as a float32 numpy array `[num_buckets]`.
 
     Symlog space for `"uniform_symlog"` (`tf.linspace(lower, upper, n)`, bit
     for bit), real space for `"symexp"` (`symexp` of that grid, made exactly
     antisymmetric when the bounds are).
     """
     check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
-    return _buckets(int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
+    table = _bucket_table(int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
+    return np.asarray(table, np.float32)
+
+
+def bucket_range(num_buckets=255, lower_bound=-20.0, upper_bound=20.0, bin_scheme="uniform_symlog"):
+    """`(first, last)` bucket as Python floats (symlog space or real space, as the scheme stores them)."""
+    table = _bucket_table(int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
+    return table[0], table[-1]
+
+
+def _two_hot_grid(num_buckets, lower_bound, upper_bound):
+    # `lower + k * delta` exactly as the reference rounds it (float32 product,
+    # then float32 sum). Read from a table, so a compiler's fused multiply-add
+    # cannot change it: the weights' denominator is a small difference of
+    # these numbers and would amplify one rounding 1e5-fold.
+    key = (num_buckets, lower_bound, upper_bound, "grid")
+    if key not in _TABLES:
+        delta = np.float32((upper_bound - lower_bound) / (num_buckets - 1))
+        grid = np.float32(lower_bound) + np.arange(num_buckets, dtype=np.float32) * delta
+        _TABLES[key] = (tuple(grid.tolist()), float(delta))
+    return _TABLES[key]
 
 
 def _uniform_indices(values, num_buckets, lower_bound, upper_bound):
     # Bucket pair and weights of the 2023 scheme, in the reference's
     # operation order (float32 throughout) so weights match bit for bit.
+    grid, delta = _two_hot_grid(num_buckets, lower_bound, upper_bound)
     values = ops.clip(values, lower_bound, upper_bound)
-    delta = float(np.float32((upper_bound - lower_bound) / (num_buckets - 1)))
     idx = (values - lower_bound) / delta
     k = ops.floor(idx)
     kp1 = ops.ceil(idx)
     kp1 = ops.where(ops.equal(k, kp1), kp1 + 1.0, kp1)
     # Past the top, kp1 gets weight 0; any valid index will do.
     kp1 = ops.where(ops.equal(kp1, float(num_buckets)), kp1 - 2.0, kp1)
-    values_k = lower_bound + k * delta
-    values_kp1 = lower_bound + kp1 * delta
+    k, kp1 = ops.cast(k, "int32"), ops.cast(kp1, "int32")
+    table = _constant(grid)
+    values_k = ops.take(table, k)
+    values_kp1 = ops.take(table, kp1)
     w_k = (values - values_kp1) / (values_k - values_kp1)
-    return ops.cast(k, "int32"), ops.cast(kp1, "int32"), w_k, 1.0 - w_k
+    return k, kp1, w_k, 1.0 - w_k
 
 
 def _real_space_indices(values_real, values_symlog, buckets, lower_bound, upper_bound):
+    """`buckets`: the real-space table (a tuple)."""
     # 2024 scheme: linear interpolation between the two real-space buckets
     # that enclose the value. The uniform symlog grid gives the bucket to
     # within one; comparing against the stored buckets fixes rounding.
-    n = buckets.shape[0]
-    table = ops.convert_to_tensor(buckets)
-    values_real = ops.clip(values_real, float(buckets[0]), float(buckets[-1]))
+    n = len(buckets)
+    table = _constant(buckets)
+    values_real = ops.clip(values_real, buckets[0], buckets[-1])
     delta = (upper_bound - lower_bound) / (n - 1)
     guess = ops.floor((ops.clip(values_symlog, lower_bound, upper_bound) - lower_bound) / delta)
     k = ops.cast(ops.clip(guess, 0, n - 2), "int32")
@@ -153,7 +192,7 @@ def two_hot_indices(
         if real_space:
             values = symlog(values)
         return _uniform_indices(values, num_buckets, lower_bound, upper_bound)
-    buckets = bucket_values(num_buckets, lower_bound, upper_bound, bin_scheme)
+    buckets = _bucket_table(int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
     if real_space:
         return _real_space_indices(values, symlog(values), buckets, lower_bound, upper_bound)
     clipped = ops.clip(values, lower_bound, upper_bound)
@@ -187,6 +226,10 @@ def two_hot(
     Example:
         `two_hot(0.1)` puts 0.365 on bucket 127 and 0.635 on bucket 128.
 
+    Note:
+        Inside `torch.compile`, a support other than the default one must
+        have been used eagerly once before (a layer or critic with it does).
+
     Reference:
         Hafner et al. 2023, "Mastering Diverse Domains through World Models",
         eq. 9-10; arXiv 2301.04104.
@@ -210,7 +253,8 @@ def expected_value(
     `symlog` of the real-space mean, summed in symmetric pairs around the
     centre bucket so that symmetric probabilities give exactly 0.
     """
-    buckets = ops.convert_to_tensor(bucket_values(num_buckets, lower_bound, upper_bound, bin_scheme))
+    check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
+    buckets = _constant(_bucket_table(int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme))
     probs = ops.cast(probs, "float32")
     if bin_scheme == "uniform_symlog":
         return ops.sum(probs * buckets, axis=-1)
@@ -222,3 +266,7 @@ def expected_value(
     else:
         mean = ops.sum(low + weighted[..., m:], axis=-1)
     return symlog(mean)
+
+for _scheme in BIN_SCHEMES:  # the default tables, built outside any trace
+    _bucket_table(255, -20.0, 20.0, _scheme)
+_two_hot_grid(255, -20.0, 20.0)

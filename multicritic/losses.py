@@ -6,7 +6,7 @@ from typing import Dict, Optional
 
 from keras import ops
 
-from multicritic.bins import bucket_values, check_bin_args, symlog, two_hot_indices
+from multicritic.bins import bucket_range, check_bin_args, symlog, two_hot_indices
 from multicritic.validation import check_same_shapes, compatible, fmt, shape_of
 
 EMA_REGULARIZERS = ("two_hot_mean", "distribution")
@@ -143,8 +143,8 @@ def critic_loss(
         target_symlog = symlog(value_targets)
         clipped = ops.logical_or(target_symlog < lower_bound, target_symlog > upper_bound)
     else:
-        ends = bucket_values(*bins)
-        clipped = ops.logical_or(value_targets < float(ends[0]), value_targets > float(ends[-1]))
+        low, high = bucket_range(*bins)
+        clipped = ops.logical_or(value_targets < low, value_targets > high)
     return {
         "total": ops.mean(per_position * loss_weights),
         "value_nll": ops.mean(value_nll),

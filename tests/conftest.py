@@ -69,3 +69,25 @@ def randomize(critic, seed=0, scale=0.3):
     for v in critic.fast_weights:
         v.assign(rng.normal(scale=scale, size=tuple(v.shape)).astype("float32"))
     critic.init_ema()
+
+
+def grads_of(fn, *args):
+    """Gradients of scalar `fn(*args)` with respect to every argument (None where none flows)."""
+    args = [keras.ops.convert_to_tensor(a) for a in args]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape(persistent=True) as tape:
+            for a in args:
+                tape.watch(a)
+            out = fn(*args)
+        return [tape.gradient(out, a) for a in args]
+    if BACKEND == "jax":
+        import jax
+
+        return list(jax.grad(lambda *a: fn(*a), argnums=tuple(range(len(args))))(*args))
+    import torch
+
+    args = [a.detach().clone().requires_grad_(True) for a in args]
+    out = fn(*args)
+    return list(torch.autograd.grad(out, args, allow_unused=True))

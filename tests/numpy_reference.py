@@ -13,11 +13,11 @@ EPS_LN = 1e-3
 
 
 def symlog(x):
-    return np.sign(x) * np.log(np.abs(x) + 1.0)
+    return np.sign(x) * np.log1p(np.abs(x))
 
 
 def symexp(y):
-    return np.sign(y) * (np.exp(np.abs(y)) - 1.0)
+    return np.sign(y) * np.expm1(np.abs(y))
 
 
 def uniform_buckets(n=255, lo=-20.0, hi=20.0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from multicritic.bins import check_bin_args, expected_value
+from multicritic.bins import bucket_values, check_bin_args, expected_value, two_hot
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
@@ -60,6 +60,9 @@ class RewardPredictorLayer(keras.layers.Layer):
         self.lower_bound = float(lower_bound)
         self.upper_bound = float(upper_bound)
         self.bin_scheme = bin_scheme
+        # Build the bucket tables now, outside any compiled function.
+        bucket_values(num_buckets, lower_bound, upper_bound, bin_scheme)
+        two_hot(0.0, num_buckets, lower_bound, upper_bound, bin_scheme)
         self.reward_buckets_layer = keras.layers.Dense(
             self.num_buckets,
             kernel_initializer="zeros",

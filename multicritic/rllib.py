@@ -1,0 +1,85 @@
+"""Weight import from and export to RLlib's TensorFlow DreamerV3 critic (ray 2.6 - 2.48).
+
+RLlib's `CriticNetwork.get_weights()` returns, for the fast critic and then
+for its EMA copy, in this order:
+
+1. the MLP's Dense kernels, `[in, units]` for the first layer and
+   `[units, units]` for the others (no biases);
+2. each LayerNormalization's `gamma` then `beta`, `[units]` each;
+3. the head's kernel `[units, num_buckets]` and bias `[num_buckets]`.
+
+So an XS critic gives 10 arrays: `kernel, gamma, beta, head_kernel,
+head_bias` twice. The same names and shapes hold here, so the mapping is one
+to one.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import numpy as np
+
+from multicritic.critic import CriticNetwork
+
+
+def _ordered(critic: CriticNetwork):
+    """`(name, variable)` pairs in RLlib's `get_weights()` order."""
+    out = []
+    for prefix, mlp, head in (
+        ("mlp", critic.mlp, critic.return_layer),
+        ("mlp_ema", critic.mlp_ema, critic.return_layer_ema),
+    ):
+        for i, dense in enumerate(mlp.dense_layers):
+            out.append((f"{prefix}/dense_{i}/kernel", dense.kernel))
+        for i, norm in enumerate(mlp.layer_normalizations):
+            out.append((f"{prefix}/layer_norm_{i}/gamma", norm.gamma))
+            out.append((f"{prefix}/layer_norm_{i}/beta", norm.beta))
+        dense = head.reward_buckets_layer
+        head_name = "return_layer" if prefix == "mlp" else "return_layer_ema"
+        out.append((f"{head_name}/kernel", dense.kernel))
+        out.append((f"{head_name}/bias", dense.bias))
+    return out
+
+
+def rllib_weight_names(critic: CriticNetwork) -> List[str]:
+    """Names of the arrays `load_rllib_weights` expects, in order."""
+    return [name for name, _ in _ordered(critic)]
+
+
+def load_rllib_weights(critic: CriticNetwork, weights: Sequence) -> None:
+    """Loads RLlib's `CriticNetwork.get_weights()` list (fast, then EMA) into `critic`.
+
+    Args:
+        critic: a built `CriticNetwork` of the same size and bucket count.
+        weights: the list of arrays, in the order of the module docstring.
+
+    Raises:
+        ValueError: on a count or shape mismatch, naming the first offending
+            array; the critic is left unchanged.
+    """
+    if not critic.built:
+        raise ValueError("critic: not built yet; call it once or give its input sizes first.")
+    pairs = _ordered(critic)
+    weights = list(weights)
+    if len(weights) != len(pairs):
+        raise ValueError(
+            f"weights: got {len(weights)} arrays, expected {len(pairs)} "
+            f"({len(pairs) // 2} fast then {len(pairs) // 2} EMA: {rllib_weight_names(critic)})."
+        )
+    arrays = []
+    for i, ((name, var), w) in enumerate(zip(pairs, weights)):
+        w = np.asarray(w)
+        if tuple(w.shape) != tuple(var.shape):
+            raise ValueError(
+                f"weights[{i}] ({name}): got shape {list(w.shape)}, expected {list(var.shape)}."
+            )
+        arrays.append(w.astype(np.float32))
+    for (_, var), w in zip(pairs, arrays):
+        var.assign(w)
+
+
+def export_rllib_weights(critic: CriticNetwork) -> List[np.ndarray]:
+    """The critic's weights as the list RLlib's `CriticNetwork.set_weights()` takes."""
+    import keras
+
+    return [np.asarray(keras.ops.convert_to_numpy(var.value)) for _, var in _ordered(critic)]

@@ -1,0 +1,171 @@
+import keras
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from multicritic import inverse_symlog, symexp, symlog, two_hot
+from multicritic.bins import bucket_values, expected_value, two_hot_indices
+from tests import numpy_reference as ref
+from tests.conftest import compiled, to_np
+
+SCHEMES = ["uniform_symlog", "symexp"]
+BIG = float(np.float32(1e30))
+# Subnormals are left out: TF, XLA and MKL flush them to zero.
+finite32 = st.floats(min_value=-BIG, max_value=BIG, allow_nan=False, allow_subnormal=False, width=32)
+
+
+def test_spec_examples():
+    out = to_np(two_hot(np.array([0.0, 0.1, -25.0, 25.0], np.float32)))
+    assert out.shape == (4, 255)
+    np.testing.assert_array_equal(np.nonzero(out[0])[0], [127])
+    assert out[0, 127] == 1.0
+    np.testing.assert_allclose(out[1, 127:129], [0.365, 0.635], atol=1e-6)
+    assert out[2, 0] == 1.0 and out[3, 254] == 1.0
+    np.testing.assert_array_equal(out.sum(-1), 1.0)
+
+
+def test_reference_docstring_examples():
+    # RLlib's two_hot docstring: 11 buckets on [-5, 5] and 5 buckets on [-1, 1].
+    np.testing.assert_allclose(
+        to_np(two_hot(np.float32(2.5), 11, -5.0, 5.0)), [0, 0, 0, 0, 0, 0, 0, 0.5, 0.5, 0, 0], atol=1e-7
+    )
+    np.testing.assert_allclose(to_np(two_hot(np.float32(0.1), 5, -1.0, 1.0)), [0, 0, 0.8, 0.2, 0], atol=1e-6)
+
+
+def test_uniform_buckets_are_tf_linspace():
+    b = bucket_values()
+    assert b.dtype == np.float32 and b.shape == (255,)
+    assert b[0] == -20.0 and b[-1] == 20.0 and b[127] == 0.0
+    np.testing.assert_allclose(b, ref.uniform_buckets(), atol=2e-6)
+    np.testing.assert_allclose(np.diff(b), 40 / 254, atol=4e-6)  # float32 spacing near 20
+
+
+def test_symexp_buckets_are_symmetric_and_real_space():
+    b = bucket_values(bin_scheme="symexp")
+    np.testing.assert_array_equal(b, -b[::-1])
+    assert b[127] == 0.0
+    np.testing.assert_allclose(b, ref.symexp_buckets(), rtol=1e-6)
+    assert np.all(np.diff(b) > 0)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("shape", [(), (7,), (3, 4), (2, 3, 5)])
+def test_any_leading_shape_matches_numpy(scheme, shape):
+    values = np.random.default_rng(0).uniform(-22, 22, size=shape).astype(np.float32)
+    out = to_np(two_hot(values, bin_scheme=scheme))
+    assert out.shape == shape + (255,)
+    np.testing.assert_allclose(out, ref.two_hot(values, scheme=scheme), atol=2e-5)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_exact_bucket_hits_and_bounds(scheme):
+    if scheme == "uniform_symlog":
+        hits = bucket_values()
+    else:
+        hits = np.asarray(symlog(bucket_values(bin_scheme=scheme)))
+    hits = np.asarray(to_np(hits) if not isinstance(hits, np.ndarray) else hits, np.float32)
+    out = to_np(two_hot(hits, bin_scheme=scheme))
+    np.testing.assert_allclose(out.max(-1), 1.0, atol=2e-4)
+    np.testing.assert_array_equal(out.argmax(-1), np.arange(255))
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=finite32, scheme=st.sampled_from(SCHEMES))
+def test_two_hot_properties(value, scheme):
+    out = to_np(two_hot(np.float32(value), bin_scheme=scheme)).astype(np.float64)
+    # The reference's float32 formula can give a weight of about -1e-6 next to
+    # an exact bucket hit (e.g. -1.2e-7 -> 1.0000008 and -8e-7); kept for parity.
+    assert np.all(np.isfinite(out)) and np.all(out >= -2e-6)
+    np.testing.assert_allclose(out.sum(), 1.0, atol=1e-6)
+    nz = np.nonzero(np.abs(out) > 2e-6)[0]
+    assert 1 <= len(nz) <= 2 and (len(nz) == 1 or nz[1] == nz[0] + 1)
+    clipped = np.clip(value, -20.0, 20.0)
+    if scheme == "uniform_symlog":
+        np.testing.assert_allclose(out @ bucket_values().astype(np.float64), clipped, atol=1e-5)
+    else:
+        decoded = out @ bucket_values(bin_scheme="symexp").astype(np.float64)
+        np.testing.assert_allclose(decoded, ref.symexp(clipped), rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=finite32)
+def test_symlog_round_trip(x):
+    x = np.float32(x)
+    back = to_np(inverse_symlog(symlog(x)))
+    np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-30)
+    np.testing.assert_allclose(to_np(symlog(x)), ref.symlog(np.float64(x)), rtol=1e-6, atol=1e-37)
+
+
+def test_symexp_is_inverse_symlog_and_safe():
+    assert symexp is inverse_symlog
+    big = np.array([1e30, -1e30, 3.4e38], np.float32)
+    assert np.all(np.isfinite(to_np(symlog(big))))
+    np.testing.assert_allclose(to_np(symexp(np.float32(20.0))), np.expm1(20.0), rtol=1e-6)
+    assert np.all(np.isfinite(to_np(two_hot(big))))
+    assert np.all(np.isfinite(to_np(two_hot(big, bin_scheme="symexp"))))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_expected_value(scheme):
+    rng = np.random.default_rng(3)
+    probs = rng.dirichlet(np.ones(255) * 0.1, size=6).astype(np.float32)
+    got = to_np(expected_value(probs, bin_scheme=scheme))
+    if scheme == "uniform_symlog":
+        want = probs @ ref.uniform_buckets()
+    else:
+        want = ref.symlog(probs @ ref.symexp_buckets())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    uniform = np.full((2, 255), 1 / 255, np.float32)
+    if scheme == "symexp":
+        np.testing.assert_array_equal(to_np(expected_value(uniform, bin_scheme=scheme)), 0.0)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_decoding_a_two_hot_gives_the_value_back(scheme):
+    values = np.array([-1e6, -3.0, 0.0, 0.5, 17.0, 1e3, 1e8], np.float32)
+    target = two_hot(symlog(values), bin_scheme=scheme)
+    decoded = to_np(inverse_symlog(expected_value(target, bin_scheme=scheme)))
+    # Real-space interpolation decodes exactly; symlog-space is exact in symlog.
+    np.testing.assert_allclose(decoded, values, rtol=2e-5 if scheme == "symexp" else 1e-4)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_compiled_matches_eager(scheme):
+    values = keras.ops.convert_to_tensor(np.random.default_rng(4).uniform(-30, 30, size=(5, 7)).astype(np.float32))
+
+    def encode_decode(v):
+        target = two_hot(v, bin_scheme=scheme)
+        return target, expected_value(target, bin_scheme=scheme)
+
+    for a, b in zip(to_np(encode_decode(values)), to_np(compiled(encode_decode)(values))):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+    def round_trip(v):
+        return symlog(inverse_symlog(v))
+
+    # Fused transcendental kernels may differ from eager ones by an ulp.
+    np.testing.assert_allclose(to_np(compiled(round_trip)(values)), to_np(round_trip(values)), rtol=1e-6)
+
+
+def test_indices_real_space_matches_symlog_space():
+    values = np.array([-5e4, -1.0, 0.0, 2.0, 3e5], np.float32)
+    a = to_np(two_hot_indices(values, bin_scheme="symexp", real_space=True))
+    b = to_np(two_hot_indices(np.asarray(to_np(symlog(values))), bin_scheme="symexp"))
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_allclose(a[2], b[2], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_buckets": 1}, "num_buckets: got 1, expected an integer >= 2"),
+        ({"num_buckets": 2.5}, "num_buckets"),
+        ({"lower_bound": 3.0, "upper_bound": -3.0}, "lower_bound/upper_bound"),
+        ({"lower_bound": -np.inf}, "lower_bound/upper_bound"),
+        ({"bin_scheme": "uniform"}, "bin_scheme: got 'uniform'"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        two_hot(np.zeros(3, np.float32), **kwargs)
