@@ -249,7 +249,10 @@ class CriticNetwork(keras.Model):
         `non_trainable_variables`).
         """
         d = self.ema_decay if decay is None else decay
-        return [d * ops.convert_to_tensor(e) + (1.0 - d) * ops.convert_to_tensor(f) for f, e in zip(fast_values, ema_values)]
+        return [
+            d * ops.stop_gradient(ops.convert_to_tensor(e)) + (1.0 - d) * ops.stop_gradient(ops.convert_to_tensor(f))
+            for f, e in zip(fast_values, ema_values)
+        ]
 
     def init_ema(self) -> None:
         """Copies every fast variable (LayerNorm scale and centre included) into the EMA copy."""

@@ -1,0 +1,267 @@
+import keras
+import numpy as np
+import pytest
+
+from multicritic import CriticNetwork, CriticTrainer, dream_loss_weights, inverse_symlog, lambda_returns
+from tests import numpy_reference as ref
+from tests import rllib_golden as spec
+from tests.conftest import BACKEND, random_inputs, randomize, to_np
+
+
+def direct_batch(critic, n=64, seed=0, scale=30.0):
+    h, z = random_inputs(critic, n, seed)
+    rng = np.random.default_rng(seed + 1)
+    targets = (scale * rng.normal(size=n)).astype(np.float32)
+    weights = rng.uniform(0.2, 1.0, size=n).astype(np.float32)
+    return h, z, targets, weights
+
+
+def snapshot(variables):
+    return [to_np(v).copy() for v in variables]
+
+
+def test_step_matches_numpy_reference_for_three_steps():
+    critic = CriticNetwork(model_size="micro")
+    randomize(critic, seed=3, scale=0.2)
+    trainer = CriticTrainer(critic)
+    numpy_trainer = ref.Trainer(ref.params_from(critic), ref.params_from(critic, ema=True))
+    for step in range(3):
+        batch = direct_batch(critic, 32, seed=step)
+        got = to_np(trainer.train_step(*batch))
+        want = numpy_trainer.step(*batch)
+        for key in ("total", "value_nll", "ema_regularizer", "grad_norm"):
+            np.testing.assert_allclose(got[key], want[key], rtol=2e-5, err_msg=key)
+    want_fast = ref.flatten(ref.params_from(critic))
+    want_ema = ref.flatten(ref.params_from(critic, ema=True))
+    for got, want in zip(want_fast, numpy_trainer.w):
+        np.testing.assert_allclose(got, want, atol=2e-6)
+    for got, want in zip(want_ema, numpy_trainer.e):
+        np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+def test_ema_after_a_step_is_the_ema_of_the_new_fast_weights():
+    critic = CriticNetwork(model_size="nano", ema_decay=0.9)
+    randomize(critic, seed=1)
+    rng = np.random.default_rng(2)
+    for v in critic.ema_weights:  # EMA != fast, so the formula is visible
+        v.assign(rng.normal(size=tuple(v.shape)).astype("float32"))
+    trainer = CriticTrainer(critic, learning_rate=1e-2)
+    ema_before = snapshot(critic.ema_weights)
+    trainer.train_step(*direct_batch(critic))
+    fast_after = snapshot(critic.fast_weights)
+    for before, fast, ema in zip(ema_before, fast_after, critic.ema_weights):
+        want = np.float32(0.9) * before + np.float32(1.0 - 0.9) * fast
+        np.testing.assert_allclose(to_np(ema), want, rtol=0, atol=np.spacing(np.abs(want)).max())
+
+
+def test_optimizer_holds_no_slot_for_ema_weights():
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic)
+    ema_ids = {id(v) for v in critic.ema_weights}
+    assert not any(id(v) in ema_ids for v in trainer.optimizer.variables)
+    slots = [v for v in trainer.optimizer.variables if len(v.shape)]
+    assert len(slots) == 2 * len(critic.trainable_variables)
+    assert sorted(tuple(v.shape) for v in slots) == sorted(2 * [tuple(v.shape) for v in critic.trainable_variables])
+
+
+def test_loss_decreases_on_a_fixed_batch():
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic, learning_rate=3e-3)
+    batch = direct_batch(critic, 128)
+    losses = [float(to_np(trainer.train_step(*batch)["value_nll"])) for _ in range(60)]
+    assert losses[-1] < 0.75 * losses[0] and losses[-1] < losses[len(losses) // 2]
+    assert np.all(np.isfinite(losses))
+
+
+def test_no_recompilation_across_steps():
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic)
+    for step in range(3):
+        trainer.train_step(*direct_batch(critic, 16, seed=step))
+    fn = trainer._compiled["direct"]
+    if BACKEND == "tensorflow":
+        (traced,) = fn.compiled.values()
+        assert traced.experimental_get_tracing_count() == 1
+        trainer.train_step(*direct_batch(critic, 40))  # another batch size: same trace
+        assert traced.experimental_get_tracing_count() == 1
+    elif BACKEND == "jax":
+        assert fn.compiled._cache_size() == 1
+    assert int(to_np(trainer.steps)) == 3 + (BACKEND == "tensorflow")
+
+
+def test_clipping_engages_for_large_gradients():
+    critic = CriticNetwork(model_size="nano")
+    randomize(critic)
+    trainer = CriticTrainer(critic, keras.optimizers.SGD(learning_rate=1.0), grad_clip=0.5)
+    before = snapshot(critic.fast_weights)
+    metrics = to_np(trainer.train_step(*direct_batch(critic, scale=1e4)))
+    assert metrics["grad_norm"] > 0.5
+    moved = np.sqrt(sum(((to_np(v) - b) ** 2).sum() for v, b in zip(critic.fast_weights, before)))
+    np.testing.assert_allclose(moved, 0.5, rtol=1e-4)
+    # Below the threshold nothing is scaled: SGD moves by exactly the gradient norm.
+    trainer = CriticTrainer(critic, keras.optimizers.SGD(learning_rate=1.0), grad_clip=1e6)
+    before = snapshot(critic.fast_weights)
+    metrics = to_np(trainer.train_step(*direct_batch(critic, scale=1e4)))
+    moved = np.sqrt(sum(((to_np(v) - b) ** 2).sum() for v, b in zip(critic.fast_weights, before)))
+    np.testing.assert_allclose(moved, metrics["grad_norm"], rtol=1e-4)
+
+
+def test_train_on_dream_matches_hand_computed_targets_and_weights():
+    critic = CriticNetwork(model_size="micro")
+    randomize(critic, seed=5, scale=0.1)
+    h, z, rewards, continues = spec.dream_batch(0)
+    fast_h, fast_z = h.reshape(-1, h.shape[-1]), z.reshape((-1,) + z.shape[2:])
+    values = to_np(inverse_symlog(critic(fast_h, fast_z)[0])).reshape(rewards.shape)
+    targets = ref.lambda_returns(rewards, continues, values)
+    weights = ref.dream_loss_weights(continues)[:-1]
+    value, logits = critic(fast_h, fast_z)
+    ema_value, _ = critic(fast_h, fast_z, use_ema=True)
+    lp = ref.log_softmax(to_np(logits).astype(np.float64).reshape(rewards.shape + (255,))[:-1])
+    nll = -(lp * ref.two_hot(ref.symlog(targets))).sum(-1)
+    reg = -(lp * ref.two_hot(to_np(ema_value).reshape(rewards.shape)[:-1])).sum(-1)
+    metrics = to_np(CriticTrainer(critic).train_on_dream(h, z, rewards, continues))
+    np.testing.assert_allclose(metrics["total"], np.mean((nll + reg) * weights), rtol=1e-5)
+    np.testing.assert_allclose(metrics["value_target_mean"], targets.mean(), rtol=1e-4, atol=1e-5)
+
+
+def test_ema_update_period():
+    critic = CriticNetwork(model_size="nano", ema_update_period=3)
+    trainer = CriticTrainer(critic, learning_rate=1e-2)
+    batch = direct_batch(critic)
+    history = []
+    for _ in range(6):
+        before = snapshot(critic.ema_weights)
+        trainer.train_step(*batch)
+        history.append(any(np.any(to_np(v) != b) for v, b in zip(critic.ema_weights, before)))
+    assert history == [False, False, True, False, False, True]
+
+
+def test_regularizer_weight_zero_and_distribution_form():
+    critic = CriticNetwork(model_size="nano", ema_regularizer_weight=0.0)
+    randomize(critic, seed=2)
+    h, z, targets, weights = direct_batch(critic)
+    lp = ref.log_softmax(to_np(critic(h, z)[1]).astype(np.float64))
+    nll = -(lp * ref.two_hot(ref.symlog(targets))).sum(-1)
+    metrics = to_np(CriticTrainer(critic).train_step(h, z, targets, weights))
+    np.testing.assert_allclose(metrics["total"], np.mean(nll * weights), rtol=1e-5)
+    assert "ema_value_gap" not in metrics
+
+    critic = CriticNetwork(model_size="nano", ema_regularizer="distribution", ema_regularizer_weight=0.5)
+    randomize(critic, seed=2)
+    rng = np.random.default_rng(9)
+    for v in critic.ema_weights:
+        v.assign(rng.normal(scale=0.3, size=tuple(v.shape)).astype("float32"))
+    lp = ref.log_softmax(to_np(critic(h, z)[1]).astype(np.float64))
+    ema_p = ref.softmax(to_np(critic(h, z, use_ema=True)[1]).astype(np.float64))
+    ema_v = to_np(critic(h, z, use_ema=True)[0])
+    fast_v = to_np(critic(h, z)[0])
+    metrics = to_np(CriticTrainer(critic).train_step(h, z, targets, weights))
+    want = np.mean((nll - 0.5 * (ema_p * lp).sum(-1)) * weights)
+    np.testing.assert_allclose(metrics["total"], want, rtol=1e-5)
+    np.testing.assert_allclose(metrics["ema_value_gap"], np.abs(fast_v - ema_v).mean(), rtol=1e-5)
+
+
+def test_ema_critic_as_target_source():
+    critic = CriticNetwork(model_size="micro", ema_targets=True)
+    randomize(critic, seed=4, scale=0.1)
+    rng = np.random.default_rng(4)
+    for v in critic.ema_weights:
+        v.assign(rng.normal(scale=0.1, size=tuple(v.shape)).astype("float32"))
+    h, z, rewards, continues = spec.dream_batch(1)
+    flat_h, flat_z = h.reshape(-1, h.shape[-1]), z.reshape((-1,) + z.shape[2:])
+    ema_values = to_np(inverse_symlog(critic(flat_h, flat_z, use_ema=True)[0])).reshape(rewards.shape)
+    metrics = to_np(CriticTrainer(critic).train_on_dream(h, z, rewards, continues))
+    want = ref.lambda_returns(rewards, continues, ema_values).mean()
+    np.testing.assert_allclose(metrics["value_target_mean"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_metrics_diagnostics():
+    critic = CriticNetwork(model_size="nano")
+    h, z, targets, weights = direct_batch(critic)
+    targets[:8] = 1e12  # beyond symexp(20) ~ 4.9e8
+    metrics = to_np(CriticTrainer(critic).train_step(h, z, targets, weights))
+    assert metrics["clipped_fraction"] == pytest.approx(8 / 64)
+    assert metrics["ema_value_gap"] == 0.0  # fresh critic: fast == EMA
+    for key in ("total", "value_nll", "ema_regularizer", "grad_norm", "nonfinite_targets", "nonfinite_grads"):
+        assert key in metrics
+
+
+def test_nonfinite_numpy_targets_raise_before_any_change():
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic)
+    before = snapshot(critic.weights)
+    h, z, targets, weights = direct_batch(critic)
+    targets[3] = np.nan
+    with pytest.raises(ValueError, match=r"value_targets: got 1 non-finite value\(s\) in an array of shape \[64\]"):
+        trainer.train_step(h, z, targets, weights)
+    for b, v in zip(before, critic.weights):
+        np.testing.assert_array_equal(to_np(v), b)
+    assert int(to_np(trainer.steps)) == 0
+
+
+def test_nonfinite_tensor_targets_are_dropped_inside_the_compiled_step():
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic)
+    h, z, targets, weights = direct_batch(critic)
+    targets[:4] = [np.nan, np.inf, -np.inf, np.nan]
+    metrics = to_np(trainer.train_step(h, z, keras.ops.convert_to_tensor(targets), weights))
+    assert metrics["nonfinite_targets"] == 4.0 and metrics["nonfinite_grads"] == 0.0
+    assert all(np.all(np.isfinite(to_np(v))) for v in critic.weights)
+
+
+def test_nonfinite_inputs_do_not_poison_weights():
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic)
+    h, z, targets, weights = direct_batch(critic)
+    h[0, 0] = np.inf
+    metrics = to_np(trainer.train_step(keras.ops.convert_to_tensor(h), z, targets, weights))
+    assert metrics["nonfinite_grads"] == 1.0
+    assert all(np.all(np.isfinite(to_np(v))) for v in critic.weights)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ({"h": (64, 15)}, r"h: got shape \[64, 15\], expected \[64, 16\]"),
+        ({"z": (64, 4, 5)}, r"z: got shape \[64, 4, 5\], expected \[64, 4, 4\]"),
+        ({"value_targets": (63,)}, r"value_targets: got shape \[63\], expected \[64\]"),
+        ({"loss_weights": (64, 1)}, r"loss_weights: got shape \[64, 1\], expected \[64\]"),
+    ],
+)
+def test_bad_step_inputs(args, match):
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic)
+    batch = dict(zip(("h", "z", "value_targets", "loss_weights"), direct_batch(critic)))
+    for name, shape in args.items():
+        batch[name] = np.zeros(shape, np.float32)
+    with pytest.raises(ValueError, match=match):
+        trainer.train_step(**batch)
+
+
+def test_bad_dream_inputs():
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic)
+    h = np.zeros((5, 3, 16), np.float32)
+    z = np.zeros((5, 3, 4, 4), np.float32)
+    with pytest.raises(ValueError, match=r"rewards: got shape \[4, 3\], expected \[5, 3\]"):
+        trainer.train_on_dream(h, z, np.zeros((4, 3)), np.ones((5, 3)))
+    with pytest.raises(ValueError, match=r"expected \[H\+1, B, \.\.\.\] with H >= 1"):
+        trainer.train_on_dream(h[:1], z[:1], np.zeros((1, 3)), np.ones((1, 3)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"gamma": 1.5}, "gamma: got 1.5"),
+        ({"lambda_": -0.1}, "lambda_: got -0.1"),
+        ({"grad_clip": 0.0}, "grad_clip: got 0.0"),
+    ],
+)
+def test_bad_trainer_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CriticTrainer(CriticNetwork(model_size="nano"), **kwargs)
+
+
+def test_trainer_needs_a_built_critic():
+    with pytest.raises(ValueError, match="critic: not built yet"):
+        CriticTrainer(CriticNetwork(model_size=None, num_dense_layers=1, dense_hidden_units=4))
