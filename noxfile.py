@@ -18,11 +18,19 @@ nox.options.default_venv_backend = "virtualenv"  # pip-based: see backends_matri
 nox.options.reuse_existing_virtualenvs = False
 
 
+def _flat(items):
+    for item in items:
+        if isinstance(item, list):
+            yield from _flat(item)
+        else:
+            yield item
+
+
 def _make_session(name: str, spec: dict):
     def session(s: nox.Session) -> None:
         common = MATRIX.get("common", {})
         env = {**common.get("env", {}), **spec.get("env", {}), "KERAS_BACKEND": spec["backend"]}
-        s.install(*common.get("packages", []), *spec["packages"])
+        s.install(*_flat(common.get("packages", [])), *_flat(spec["packages"]))
         s.install("-e", ".[test]")
         # Fail early if Keras does not really run on this session's backend.
         s.run(
@@ -35,7 +43,7 @@ def _make_session(name: str, spec: dict):
         s.run("pytest", *spec.get("pytest_args", []), *s.posargs, env=env)
 
     session.__name__ = name.replace("-", "_")
-    session.__doc__ = f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(spec['packages'])})."
+    session.__doc__ = f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(_flat(spec['packages']))})."
     return nox.session(name=name, python=False if spec.get("no_venv") else None)(session)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 import keras
+import numpy as np
 from keras import ops
 
 from multicritic.bins import check_bin_args
@@ -269,6 +270,25 @@ class CriticNetwork(keras.Model):
         fast, ema = self.fast_weights, self.ema_weights
         for var, value in zip(ema, self.compute_ema([v.value for v in fast], [v.value for v in ema], decay)):
             var.assign(value)
+
+    def load_weights(self, filepath, skip_mismatch=False, **kwargs):
+        """Keras's `load_weights`, all or nothing: on any error (another size or
+        bucket count, a corrupt or truncated file) the weights are restored
+        and a `ValueError` says what failed."""
+        if not self.built:
+            raise ValueError("load_weights: the critic has no variables yet; call it once or give its input sizes first.")
+        saved = [np.array(ops.convert_to_numpy(v.value)) for v in self.weights]
+        try:
+            super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+        except Exception as err:
+            for var, value in zip(self.weights, saved):
+                var.assign(value)
+            raise ValueError(
+                f"load_weights: could not load {str(filepath)!r} into this critic "
+                f"(model_size={self.model_size!r}, num_buckets={self.num_buckets}, "
+                f"gru_units={self.gru_units}, dense_hidden_units={self.dense_hidden_units}, "
+                f"num_dense_layers={self.num_dense_layers}); its weights are unchanged. Cause: {err}"
+            ) from err
 
     def get_config(self):
         config = super().get_config()

@@ -11,6 +11,19 @@ import jax
 from keras import StatelessScope
 
 
+def apply_gradients(optimizer, grads, variables):
+    """The optimizer update inside the step's StatelessScope.
+
+    Through `stateless_apply`: Keras's stateful paths (the loss-scale
+    optimizer's) branch with `ops.cond`, whose assignments JAX cannot carry
+    out of the branch.
+    """
+    opt_vars = optimizer.variables
+    new_vars, new_opt = optimizer.stateless_apply([v.value for v in opt_vars], grads, [v.value for v in variables])
+    for var, value in zip(list(variables) + list(opt_vars), list(new_vars) + list(new_opt)):
+        var.assign(value)
+
+
 def make_train_function(trainer, loss_fn, batch_axis):
     variables = trainer.state_variables
     trainable = trainer.critic.trainable_variables

@@ -15,6 +15,10 @@ def batch_signature(batch, batch_axis):
     return specs
 
 
+def apply_gradients(optimizer, grads, variables):
+    optimizer.apply(grads, variables)
+
+
 def make_train_function(trainer, loss_fn, batch_axis):
     trainable = trainer.critic.trainable_variables
     compiled = {}

@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 
 
+def apply_gradients(optimizer, grads, variables):
+    optimizer.apply(grads, variables)
+
+
 def make_train_function(trainer, loss_fn, batch_axis):
     trainable = trainer.critic.trainable_variables
     if trainer.jit_compile:

@@ -19,6 +19,7 @@ from multicritic.bins import inverse_symlog
 from multicritic.critic import CriticNetwork
 from multicritic.losses import critic_loss
 from multicritic.returns import dream_loss_weights, lambda_returns
+from multicritic.training import checkpoint
 from multicritic.validation import fmt
 
 
@@ -158,6 +159,30 @@ class CriticTrainer:
             + [self.steps]
         )
 
+    def options(self) -> Dict[str, object]:
+        """The trainer's own options (the slow-critic options live on the critic)."""
+        return {
+            "gamma": self.gamma,
+            "lambda_": self.lambda_,
+            "grad_clip": self.grad_clip,
+            "jit_compile": self.jit_compile,
+            "check_finite": self.check_finite,
+        }
+
+    def save(self, path) -> str:
+        """Saves the critic (fast and EMA), optimizer slots and step counter to one `.npz`
+        file that loads on any backend; returns the path written."""
+        return checkpoint.save(self, path)
+
+    def restore(self, path) -> None:
+        """Restores a `save`d state, so a resumed run continues exactly where it stopped.
+
+        Raises:
+            ValueError: for an unreadable file, another critic size or bucket
+                count, or another optimizer layout; nothing is changed then.
+        """
+        checkpoint.load(self, path)
+
     # ------------------------------------------------------------------
     # The step's math, shared by all backends.
 
@@ -240,7 +265,7 @@ class CriticTrainer:
             factor = self.grad_clip * ops.minimum(1.0 / norm, 1.0 / self.grad_clip)
             factor = ops.where(finite, factor, 1.0)
             grads = [g * factor for g in grads]
-        self.optimizer.apply(grads, critic.trainable_variables)
+        self._backend.apply_gradients(self.optimizer, grads, critic.trainable_variables)
         self.steps.assign(self.steps + 1)
         if critic.ema_update_period == 1:
             critic.update_ema()

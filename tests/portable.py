@@ -1,0 +1,26 @@
+"""Options and data of the committed cross-backend checkpoint goldens."""
+
+import numpy as np
+
+OPTIONS = dict(
+    model_size="micro",
+    num_buckets=101,
+    lower_bound=-15.0,
+    upper_bound=15.0,
+    ema_decay=0.9,
+    bin_scheme="symexp",
+    ema_update_period=2,
+    ema_regularizer_weight=0.7,
+    ema_regularizer="two_hot_mean",
+    ema_targets=False,
+    name="golden_critic",
+)
+
+
+def golden_batch(critic, step, n=24):
+    rng = np.random.default_rng(100 + step)
+    h = rng.normal(size=(n, critic.gru_units)).astype(np.float32)
+    z = rng.random(size=(n, critic.num_z_categoricals, critic.num_z_classes)).astype(np.float32)
+    targets = (50 * rng.normal(size=n)).astype(np.float32)
+    weights = rng.uniform(0.5, 1.0, size=n).astype(np.float32)
+    return h, z, targets, weights

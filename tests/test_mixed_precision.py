@@ -1,0 +1,70 @@
+"""The precision contract under mixed_bfloat16 / mixed_float16 (SPEC §6)."""
+
+import keras
+import numpy as np
+import pytest
+
+from multicritic import CriticNetwork, CriticTrainer, critic_loss, two_hot
+from tests.conftest import random_inputs, randomize, to_np
+
+# Measured gaps to the float32 critic (same weights, XS) are ~5e-4 (bf16) and
+# ~7e-5 (fp16) on logits of magnitude ~1; the README documents these bounds.
+TOLERANCE = {"mixed_bfloat16": 2e-2, "mixed_float16": 2e-3}
+
+
+@pytest.fixture(params=sorted(TOLERANCE))
+def policy(request):
+    keras.config.set_dtype_policy(request.param)
+    yield request.param
+    keras.config.set_dtype_policy("float32")
+
+
+def test_variables_and_outputs_follow_the_contract(policy):
+    reference = CriticNetwork(model_size="XS", dtype="float32")
+    randomize(reference, seed=0, scale=0.05)
+    critic = CriticNetwork(model_size="XS")
+    assert critic.dtype_policy.name == policy
+    assert critic.mlp.dense_layers[0].compute_dtype == policy.split("_")[1]
+    critic.set_weights(reference.get_weights())
+    assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in critic.weights)
+    assert critic.return_layer.reward_buckets_layer.compute_dtype == "float32"
+    h, z = random_inputs(critic, 32)
+    for use_ema in (False, True):
+        value, logits = critic(h, z, use_ema=use_ema)
+        assert to_np(logits).dtype == np.float32 and to_np(value).dtype == np.float32
+        ref_value, ref_logits = reference(h, z, use_ema=use_ema)
+        np.testing.assert_allclose(to_np(logits), to_np(ref_logits), atol=TOLERANCE[policy])
+        np.testing.assert_allclose(to_np(value), to_np(ref_value), atol=TOLERANCE[policy])
+
+
+def test_loss_and_two_hot_are_float32_and_finite_at_extremes(policy):
+    logits = np.zeros((4, 3, 255), np.float32)
+    logits[0] = 1e4
+    logits[1, :, ::3] = -1e4
+    targets = np.array([[1e9, -1e9, 0.0]] * 4, np.float32)
+    ema = np.zeros((4, 3), np.float32)
+    half = keras.ops.cast(logits, "float16" if policy == "mixed_float16" else "bfloat16")
+    out = critic_loss(half, targets, ema, np.ones((4, 3), np.float32))
+    for value in out.values():
+        assert keras.backend.standardize_dtype(value.dtype) == "float32"
+        assert np.isfinite(to_np(value))
+    assert keras.backend.standardize_dtype(two_hot(targets).dtype) == "float32"
+
+
+def test_trainer_trains_with_extreme_targets(policy):
+    critic = CriticNetwork(model_size="nano")
+    trainer = CriticTrainer(critic, learning_rate=3e-3)
+    if policy == "mixed_float16":
+        assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    h, z = random_inputs(critic, 64)
+    targets = np.where(np.arange(64) % 2, 1e9, -1e9).astype(np.float32) * np.random.default_rng(0).random(64).astype(
+        np.float32
+    )
+    first = None
+    for _ in range(25):
+        metrics = to_np(trainer.train_step(h, z, targets, np.ones(64, np.float32)))
+        first = metrics["value_nll"] if first is None else first
+        assert all(np.isfinite(v) for v in metrics.values())
+    assert metrics["value_nll"] < first
+    assert all(np.all(np.isfinite(to_np(v))) for v in critic.weights)
+    assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in critic.ema_weights)
