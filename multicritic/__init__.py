@@ -1,13 +1,36 @@
-"""multicritic: the DreamerV3 critic, written once against keras.ops."""
+"""multicritic: the DreamerV3 critic, written once against keras.ops.
 
-from multicritic.bins import inverse_symlog, symexp, symlog, two_hot
-from multicritic.critic import CriticNetwork
-from multicritic.layers.mlp import MLP
-from multicritic.layers.reward_predictor import RewardPredictorLayer
-from multicritic.losses import critic_loss
-from multicritic.returns import dream_loss_weights, lambda_returns
-from multicritic.rllib import export_rllib_weights, load_rllib_weights
-from multicritic.sizes import get_model_dims
-from multicritic.training.trainer import CriticTrainer
+Set `KERAS_BACKEND` to `tensorflow`, `torch` or `jax` before importing.
+"""
+
+from multicritic import backend_default
+
+backend_default.select()
+
+from multicritic.bins import inverse_symlog, symexp, symlog, two_hot  # noqa: E402
+from multicritic.critic import CriticNetwork  # noqa: E402
+from multicritic.layers.mlp import MLP  # noqa: E402
+from multicritic.layers.reward_predictor import RewardPredictorLayer  # noqa: E402
+from multicritic.losses import critic_loss  # noqa: E402
+from multicritic.returns import dream_loss_weights, lambda_returns  # noqa: E402
+from multicritic.rllib import export_rllib_weights, load_rllib_weights  # noqa: E402
+from multicritic.sizes import get_model_dims  # noqa: E402
+from multicritic.training.trainer import CriticTrainer  # noqa: E402
 
 __version__ = "0.1.0"
+__all__ = [
+    "CriticNetwork",
+    "CriticTrainer",
+    "MLP",
+    "RewardPredictorLayer",
+    "critic_loss",
+    "dream_loss_weights",
+    "export_rllib_weights",
+    "get_model_dims",
+    "inverse_symlog",
+    "lambda_returns",
+    "load_rllib_weights",
+    "symexp",
+    "symlog",
+    "two_hot",
+]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -28,12 +29,19 @@ BIN_SCHEMES = ("uniform_symlog", "symexp")
 
 
 def _constant(table):
-    """A cached table (a tuple of Python floats) as a float32 backend constant.
+    """A cached table (a tuple of Python floats) as a float32 backend constant."""
+    if _torch_compiling():
+        # torch.compile cannot trace numpy; a list is slow but traceable.
+        return ops.convert_to_tensor(list(table), dtype="float32")
+    return ops.convert_to_tensor(np.asarray(table, np.float32))
 
-    Tables are kept as Python floats, not numpy arrays: `torch.compile` turns
-    numpy arrays met while tracing into tensors it cannot convert back.
-    """
-    return ops.convert_to_tensor(list(table), dtype="float32")
+
+def _torch_compiling() -> bool:
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def symlog(x):

@@ -1,0 +1,3 @@
+from multicritic.cli import main
+
+raise SystemExit(main())
