@@ -157,7 +157,7 @@ class CriticNetwork(keras.Model):
                 lower_bound=lower_bound,
                 upper_bound=upper_bound,
                 bin_scheme=bin_scheme,
-                dtype=self.dtype_policy,
+                dtype="float32",
                 name=name,
             )
 
@@ -224,9 +224,25 @@ class CriticNetwork(keras.Model):
         self._check_inputs(h.shape, z.shape)
         z = ops.reshape(ops.cast(z, h.dtype), (-1, self.num_z_categoricals * self.num_z_classes))
         x = ops.concatenate([h, z], axis=-1)
-        if use_ema:
-            return self.return_layer_ema(self.mlp_ema(x))
-        return self.return_layer(self.mlp(x))
+        mlp, head = (self.mlp_ema, self.return_layer_ema) if use_ema else (self.mlp, self.return_layer)
+        # The MLP shares this layer's dtype policy (and autocast scope), so its
+        # `call` is what its `__call__` would run, minus Keras's per-call
+        # bookkeeping (most of a small step's time on PyTorch). The float32
+        # head needs its own autocast scope only under a mixed policy.
+        x = mlp.call(x)
+        return head.call(x) if self._plain_dtypes else head(x)
+
+    @property
+    def _plain_dtypes(self) -> bool:
+        return self.compute_dtype == self.variable_dtype == "float32"
+
+    def apply_network(self, h, z, use_ema: bool = False):
+        """`self(h, z, use_ema)` for compiled steps: skips Keras's per-call
+        bookkeeping where the dtype policy makes it a no-op (float32 tensors
+        in, float32 policy)."""
+        if self._plain_dtypes and h.dtype == z.dtype == self.compute_dtype:
+            return self.call(h, z, use_ema=use_ema)
+        return self(h, z, use_ema=use_ema)
 
     def compute_output_shape(self, h_shape, z_shape, use_ema=False):
         return (h_shape[0],), (h_shape[0], self.num_buckets)
@@ -247,13 +263,11 @@ class CriticNetwork(keras.Model):
         Takes and returns plain tensors, so it can run inside `jax.jit` on
         the values of a stateless step (`fast_values` in the order of
         `trainable_variables`, `ema_values` in that of
-        `non_trainable_variables`).
+        `non_trainable_variables`). Not differentiable by design: call it
+        outside the loss.
         """
         d = self.ema_decay if decay is None else decay
-        return [
-            d * ops.stop_gradient(ops.convert_to_tensor(e)) + (1.0 - d) * ops.stop_gradient(ops.convert_to_tensor(f))
-            for f, e in zip(fast_values, ema_values)
-        ]
+        return [d * e + (1.0 - d) * f for f, e in zip(fast_values, ema_values)]
 
     def init_ema(self) -> None:
         """Copies every fast variable (LayerNorm scale and centre included) into the EMA copy."""
@@ -268,7 +282,8 @@ class CriticNetwork(keras.Model):
         if not self.built:
             raise ValueError("update_ema: the critic has no variables yet; call it once or build it first.")
         fast, ema = self.fast_weights, self.ema_weights
-        for var, value in zip(ema, self.compute_ema([v.value for v in fast], [v.value for v in ema], decay)):
+        fast_values = [ops.stop_gradient(v.value) for v in fast]
+        for var, value in zip(ema, self.compute_ema(fast_values, [v.value for v in ema], decay)):
             var.assign(value)
 
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional
 
+import keras
 from keras import ops
 
-from multicritic.bins import bucket_range, check_bin_args, symlog, two_hot_indices
+from multicritic.bins import bucket_range, check_bin_args, two_hot_indices
 from multicritic.validation import check_same_shapes, compatible, fmt, shape_of
 
 EMA_REGULARIZERS = ("two_hot_mean", "distribution")
+
+
+def _float32(x):
+    if x is None:
+        return None
+    x = ops.convert_to_tensor(x)
+    return x if keras.backend.standardize_dtype(x.dtype) == "float32" else ops.cast(x, "float32")
 
 
 def _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, ema_logits, num_buckets):
@@ -99,9 +108,7 @@ def critic_loss(
     if ema_regularizer == "distribution" and ema_logits is None:
         raise ValueError("ema_logits: got None, expected [..., num_buckets] logits with ema_regularizer='distribution'.")
     tensors = [logits, value_targets, ema_value_symlog, loss_weights, ema_logits]
-    logits, value_targets, ema_value_symlog, loss_weights, ema_logits = (
-        None if x is None else ops.cast(ops.convert_to_tensor(x), "float32") for x in tensors
-    )
+    logits, value_targets, ema_value_symlog, loss_weights, ema_logits = (_float32(x) for x in tensors)
     _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, ema_logits, num_buckets)
     if ema_value_symlog is not None:
         check_same_shapes({"value_targets": value_targets, "ema_value_symlog": ema_value_symlog})
@@ -139,12 +146,12 @@ def critic_loss(
     ema_reg = ema_reg * keep
     per_position = value_nll + (ema_reg if ema_regularizer_weight == 1.0 else ema_regularizer_weight * ema_reg)
 
+    # Outside the support in real space (symlog is monotone, so this is the
+    # same test for both schemes).
+    low, high = bucket_range(*bins)
     if bin_scheme == "uniform_symlog":
-        target_symlog = symlog(value_targets)
-        clipped = ops.logical_or(target_symlog < lower_bound, target_symlog > upper_bound)
-    else:
-        low, high = bucket_range(*bins)
-        clipped = ops.logical_or(value_targets < low, value_targets > high)
+        low, high = math.copysign(math.expm1(abs(low)), low), math.copysign(math.expm1(abs(high)), high)
+    clipped = ops.logical_or(value_targets < low, value_targets > high)
     return {
         "total": ops.mean(per_position * loss_weights),
         "value_nll": ops.mean(value_nll),

@@ -15,9 +15,10 @@ class RewardPredictorLayer(keras.layers.Layer):
     One `Dense(num_buckets)` whose kernel and bias start at zero, so a new head
     predicts a uniform distribution and a value of 0 ("we initialize the
     output weights of the reward predictor and critic to zeros", Hafner et
-    al. 2023). The Dense always runs in float32, whatever the dtype policy:
-    logits, buckets and the decoded value are float32 (the precision
-    contract under `mixed_bfloat16` / `mixed_float16`).
+    al. 2023). The head always computes in float32, whatever the dtype
+    policy: logits, buckets and the decoded value are float32 (the precision
+    contract under `mixed_bfloat16` / `mixed_float16`); its variables are
+    applied directly, as the MLP's.
 
     Args:
         num_buckets: number of buckets (>= 2; 255 in DreamerV3).
@@ -55,6 +56,9 @@ class RewardPredictorLayer(keras.layers.Layer):
         **kwargs,
     ):
         check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
+        # float32 unless told otherwise, whatever the global policy: under a
+        # mixed policy the MLP below runs in half precision, the head not.
+        kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.num_buckets = int(num_buckets)
         self.lower_bound = float(lower_bound)
@@ -67,7 +71,7 @@ class RewardPredictorLayer(keras.layers.Layer):
             self.num_buckets,
             kernel_initializer="zeros",
             bias_initializer="zeros",
-            dtype="float32",
+            dtype=self.dtype_policy,
             name="reward_buckets",
         )
 
@@ -75,7 +79,8 @@ class RewardPredictorLayer(keras.layers.Layer):
         self.reward_buckets_layer.build(tuple(input_shape))
 
     def call(self, inputs):
-        logits = ops.cast(self.reward_buckets_layer(inputs), "float32")
+        dense = self.reward_buckets_layer
+        logits = ops.cast(ops.matmul(inputs, dense.kernel) + dense.bias, "float32")
         value = expected_value(
             ops.softmax(logits, axis=-1),
             self.num_buckets,

@@ -1,4 +1,4 @@
-"""PyTorch: gradients with `torch.autograd`; the forward pass and loss optionally through `torch.compile`."""
+"""PyTorch: gradients with autograd (`loss.backward()`); the whole step optionally through `torch.compile`."""
 
 from __future__ import annotations
 
@@ -11,19 +11,23 @@ def apply_gradients(optimizer, grads, variables):
 
 def make_train_function(trainer, loss_fn, batch_axis):
     trainable = trainer.critic.trainable_variables
-    if trainer.jit_compile:
-        # Dynamic shapes: a new batch size does not recompile.
-        loss_fn = torch.compile(loss_fn, dynamic=True)
 
-    def run(*batch):
+    def step(*batch):
         params = [v.value for v in trainable]
+        for p in params:
+            p.grad = None
         loss, losses = loss_fn(*batch)
-        grads = torch.autograd.grad(trainer._scaled_loss(loss), params)
+        trainer._scaled_loss(loss).backward()
+        grads = [p.grad for p in params]
         with torch.no_grad():
             losses = {k: v.detach() for k, v in losses.items()}
-            return trainer._apply(list(grads), losses)
+            return trainer._apply(grads, losses)
 
-    return run
+    if trainer.jit_compile:
+        # As Keras's own torch trainer does with jit_compile=True; dynamic
+        # shapes, so a new batch size does not recompile.
+        return torch.compile(step, dynamic=True)
+    return step
 
 
 def make_predict_function(critic, use_ema):

@@ -52,7 +52,7 @@ def predict_function(critic: CriticNetwork, use_ema: bool = False) -> Callable:
 
 
 def global_norm(tensors):
-    return ops.sqrt(sum(ops.sum(ops.square(ops.cast(t, "float32"))) for t in tensors))
+    return ops.sqrt(sum(ops.sum(t * t) for t in tensors))
 
 
 def _as_float32(x):
@@ -189,11 +189,11 @@ class CriticTrainer:
     def _loss_parts(self, h, z, value_targets, loss_weights, fast=None, ema=None):
         """The loss from (possibly precomputed) fast and EMA outputs."""
         critic = self.critic
-        value, logits = fast if fast is not None else critic(h, z)
+        value, logits = fast if fast is not None else critic.apply_network(h, z)
         regularize = critic.ema_regularizer_weight > 0.0
         ema_value = ema_logits = None
         if regularize:
-            ema_value, ema_logits = ema if ema is not None else critic(h, z, use_ema=True)
+            ema_value, ema_logits = ema if ema is not None else critic.apply_network(h, z, use_ema=True)
             ema_value, ema_logits = ops.stop_gradient(ema_value), ops.stop_gradient(ema_logits)
         losses = critic_loss(
             logits,
@@ -220,9 +220,9 @@ class CriticTrainer:
         horizon = h.shape[0]
         flat_h = ops.reshape(h, (-1, h.shape[-1]))
         flat_z = ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
-        value, logits = critic(flat_h, flat_z)
+        value, logits = critic.apply_network(flat_h, flat_z)
         need_ema = critic.ema_regularizer_weight > 0.0 or critic.ema_targets
-        ema_value, ema_logits = critic(flat_h, flat_z, use_ema=True) if need_ema else (None, None)
+        ema_value, ema_logits = critic.apply_network(flat_h, flat_z, use_ema=True) if need_ema else (None, None)
 
         def time_major(x):
             return ops.reshape(x, (horizon, -1) + tuple(x.shape[1:]))
@@ -248,7 +248,7 @@ class CriticTrainer:
     def _apply(self, grads, losses):
         """Clip, update, EMA: shared by every backend (assignments via `Variable.assign`)."""
         critic = self.critic
-        grads = [ops.cast(g, "float32") for g in grads]
+        grads = [g if keras.backend.standardize_dtype(g.dtype) == "float32" else ops.cast(g, "float32") for g in grads]
         scale = self._loss_scale()
         norm = global_norm(grads)
         if scale is not None:
@@ -256,15 +256,15 @@ class CriticTrainer:
         metrics = dict(losses)
         metrics["grad_norm"] = norm
         finite = ops.isfinite(norm)
-        if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            # The loss-scale optimizer skips non-finite steps itself.
-            grads = [ops.where(finite, g, 0.0) for g in grads]
         metrics["nonfinite_grads"] = 1.0 - ops.cast(finite, "float32")
         if self.grad_clip is not None:
             # tf.clip_by_global_norm's factor (the reference's clipping).
             factor = self.grad_clip * ops.minimum(1.0 / norm, 1.0 / self.grad_clip)
-            factor = ops.where(finite, factor, 1.0)
             grads = [g * factor for g in grads]
+        if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            # Non-finite gradients become zeros, not poisoned weights (the
+            # loss-scale optimizer skips such steps itself).
+            grads = [ops.where(finite, g, 0.0) for g in grads]
         self._backend.apply_gradients(self.optimizer, grads, critic.trainable_variables)
         self.steps.assign(self.steps + 1)
         if critic.ema_update_period == 1:

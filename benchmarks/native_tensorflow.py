@@ -1,0 +1,83 @@
+"""The critic train step written by hand with raw tf.Variables and tf.function: the baseline.
+
+Same math as the reference; `tf.raw_ops`-level ops only where TF has them
+(matmul, moments, softmax), Adam written out with Keras's epsilon placement,
+global-norm clipping with tf.clip_by_global_norm, EMA with assign.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
+
+
+def two_hot_parts(v):
+    delta = (UPPER - LOWER) / (NUM_BUCKETS - 1)
+    v = tf.clip_by_value(v, LOWER, UPPER)
+    idx = (v - LOWER) / delta
+    k, kp1 = tf.floor(idx), tf.math.ceil(idx)
+    kp1 = tf.where(k == kp1, kp1 + 1, kp1)
+    kp1 = tf.where(kp1 == NUM_BUCKETS, kp1 - 2, kp1)
+    b_k, b_kp1 = LOWER + k * delta, LOWER + kp1 * delta
+    w_k = (v - b_kp1) / (b_k - b_kp1)
+    return tf.cast(k, tf.int32), tf.cast(kp1, tf.int32), w_k, 1 - w_k
+
+
+def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, jit_compile=False):
+    rng = np.random.default_rng(seed)
+
+    def variables(trainable):
+        out = []
+        for i in range(layers):
+            fan_in = in_dim if i == 0 else units
+            limit = np.sqrt(6.0 / (fan_in + units))
+            out.append(tf.Variable(rng.uniform(-limit, limit, (fan_in, units)).astype(np.float32), trainable=trainable))
+            out.append(tf.Variable(tf.ones(units), trainable=trainable))
+            out.append(tf.Variable(tf.zeros(units), trainable=trainable))
+        out.append(tf.Variable(tf.zeros((units, NUM_BUCKETS)), trainable=trainable))
+        out.append(tf.Variable(tf.zeros(NUM_BUCKETS), trainable=trainable))
+        return out
+
+    fast, ema = variables(True), variables(False)
+    for e, f in zip(ema, fast):
+        e.assign(f)
+    m = [tf.Variable(tf.zeros_like(v)) for v in fast]
+    s = [tf.Variable(tf.zeros_like(v)) for v in fast]
+    t = tf.Variable(0.0)
+    buckets = tf.linspace(LOWER, UPPER, NUM_BUCKETS)
+
+    def forward(w, h, z):
+        x = tf.concat([h, tf.reshape(z, (tf.shape(z)[0], -1))], -1)
+        for i in range(layers):
+            x = tf.matmul(x, w[3 * i])
+            mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+            x = tf.nn.silu(tf.nn.batch_normalization(x, mean, var, w[3 * i + 2], w[3 * i + 1], 1e-3))
+        logits = tf.matmul(x, w[-2]) + w[-1]
+        return tf.reduce_sum(tf.nn.softmax(logits) * buckets, -1), logits
+
+    @tf.function(jit_compile=jit_compile, reduce_retracing=True)
+    def step(h, z, targets, weights):
+        ema_value, _ = forward(ema, h, z)
+        with tf.GradientTape() as tape:
+            _, logits = forward(fast, h, z)
+            logp = tf.nn.log_softmax(logits)
+            k, kp1, w_k, w_kp1 = two_hot_parts(tf.sign(targets) * tf.math.log1p(tf.abs(targets)))
+            ek, ekp1, ew_k, ew_kp1 = two_hot_parts(ema_value)
+            idx = tf.stack([k, kp1, ek, ekp1], -1)
+            w = tf.stack([w_k, w_kp1, ew_k, ew_kp1], -1)
+            per = -tf.reduce_sum(tf.gather(logp, idx, batch_dims=1) * w, -1)
+            loss = tf.reduce_mean(per * weights)
+        grads = tape.gradient(loss, fast)
+        grads, norm = tf.clip_by_global_norm(grads, clip)
+        t.assign_add(1.0)
+        alpha = lr * tf.sqrt(1 - 0.999**t) / (1 - 0.9**t)
+        for v, g, mv, sv, e in zip(fast, grads, m, s, ema):
+            mv.assign_add((g - mv) * 0.1)
+            sv.assign_add((tf.square(g) - sv) * 0.001)
+            v.assign_sub(alpha * mv / (tf.sqrt(sv) + eps))
+            e.assign(decay * e + (1 - decay) * v)
+        return {"total": loss, "grad_norm": norm}
+
+    return step

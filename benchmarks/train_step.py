@@ -1,0 +1,218 @@
+"""Times multicritic's compiled critic train step against a hand-written native step.
+
+For one backend (or `--backend all`: one subprocess per installed backend)
+and each batch size: warm both up, then alternate timed blocks of each
+(A/B, B/A, ...) and report medians; also measure the machine's float32
+matmul peak in the same process and the step's FLOP utilisation.
+
+    python benchmarks/train_step.py --backend all --size XS --batch 256 4096 15360 --json out.json
+
+The step: fast + EMA forward, two-hot critic loss (EMA regulariser), backward,
+global-norm clip (100), Adam (lr 3e-5, eps 1e-5), EMA update. Both
+implementations get the same backend tensors as input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+BACKENDS = ("tensorflow", "torch", "jax")
+
+
+def step_flops(in_dim, units, layers, buckets, batch):
+    """Matmul FLOPs of one step: fast and EMA forward, weight grads, input grads
+    (none for the network input). Elementwise work is not counted."""
+    weights = in_dim * units + (layers - 1) * units * units + units * buckets
+    forward = 2 * batch * weights
+    input_grads = 2 * batch * (weights - in_dim * units)
+    return 3 * forward + input_grads
+
+
+def _sync(backend, metrics):
+    value = metrics["total"]
+    if backend == "jax":
+        value.block_until_ready()
+    elif backend == "tensorflow":
+        value.numpy()
+    else:
+        value.item()
+
+
+def _matmul_peak(backend, trials=5):
+    """Best float32 GFLOP/s over a few matmul shapes (the critic's and a square one)."""
+    import numpy as np
+
+    shapes = [(4096, 1280, 256), (2048, 2048, 2048)]
+    best = 0.0
+    for m, k, n in shapes:
+        a = np.random.default_rng(0).random((m, k), dtype=np.float32)
+        b = np.random.default_rng(1).random((k, n), dtype=np.float32)
+        if backend == "jax":
+            import jax
+
+            f = jax.jit(lambda x, y: x @ y)
+            a, b = jax.device_put(a), jax.device_put(b)
+            run = lambda: f(a, b).block_until_ready()  # noqa: E731
+        elif backend == "torch":
+            import torch
+
+            a, b = torch.from_numpy(a), torch.from_numpy(b)
+            run = lambda: torch.mm(a, b)  # noqa: E731
+        else:
+            import tensorflow as tf
+
+            a, b = tf.constant(a), tf.constant(b)
+            f = tf.function(lambda x, y: tf.matmul(x, y))
+            run = lambda: f(a, b).numpy()  # noqa: E731
+        run()
+        for _ in range(trials):
+            start = time.perf_counter()
+            reps = 0
+            while time.perf_counter() - start < 0.2:
+                run()
+                reps += 1
+            best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def _inputs(backend, batch, gru, cats, classes, seed):
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    h = np.tanh(rng.normal(size=(batch, gru))).astype(np.float32)
+    z = np.eye(classes, dtype=np.float32)[rng.integers(0, classes, size=(batch, cats))]
+    targets = (rng.normal(size=batch) * 100).astype(np.float32)
+    weights = rng.uniform(0.5, 1.0, size=batch).astype(np.float32)
+    return tuple(keras.ops.convert_to_tensor(x) for x in (h, z, targets, weights))
+
+
+def _time_block(backend, step, data, count):
+    start = time.perf_counter()
+    for _ in range(count):
+        metrics = step(*data)
+    _sync(backend, metrics)
+    return (time.perf_counter() - start) / count
+
+
+def run_backend(backend, size, batches, repeats, block_seconds, jit_compile):
+    import keras
+
+    from multicritic import CriticNetwork, CriticTrainer, get_model_dims
+
+    dims = get_model_dims(size)
+    gru, units, layers = dims["gru_units"], dims["dense_hidden_units"], dims["num_dense_layers"]
+    cats, classes = dims["num_z_categoricals"], dims["num_z_classes"]
+    in_dim = gru + cats * classes
+    native = __import__(f"benchmarks.native_{backend}", fromlist=["make_step"])
+    peak = _matmul_peak(backend)
+    records = [{"backend": backend, "impl": "matmul_peak", "gflops": peak}]
+    for batch in batches:
+        data = _inputs(backend, batch, gru, cats, classes, seed=batch)
+        keras.utils.set_random_seed(0)
+        ours = CriticTrainer(CriticNetwork(model_size=size), jit_compile=jit_compile).train_step
+        kwargs = {"jit_compile": jit_compile} if backend == "tensorflow" else {}
+        theirs = native.make_step(in_dim, units, layers, **kwargs)
+        impls = {"multicritic": ours, "native": theirs}
+        per_step = {}
+        for name, step in impls.items():  # warm-up: compile, then estimate a block size
+            _time_block(backend, step, data, 2)
+            per_step[name] = _time_block(backend, step, data, 2)
+        count = max(1, int(block_seconds / max(per_step.values())))
+        times = {name: [] for name in impls}
+        for r in range(repeats):
+            order = list(impls) if r % 2 == 0 else list(impls)[::-1]
+            for name in order:
+                times[name].append(_time_block(backend, impls[name], data, count))
+        flops = step_flops(in_dim, units, layers, 255, batch)
+        for name, values in times.items():
+            ms = statistics.median(values) * 1e3
+            records.append(
+                {
+                    "backend": backend,
+                    "impl": name,
+                    "size": size,
+                    "batch": batch,
+                    "step_ms": ms,
+                    "samples_per_s": batch / (ms / 1e3),
+                    "gflop_per_step": flops / 1e9,
+                    "utilization": flops / (ms / 1e3) / (peak * 1e9),
+                    "repeats": repeats,
+                    "steps_per_block": count,
+                }
+            )
+    return records
+
+
+def table(records):
+    peaks = {r["backend"]: r["gflops"] for r in records if r["impl"] == "matmul_peak"}
+    rows = {}
+    for r in records:
+        if r["impl"] in ("multicritic", "native"):
+            rows.setdefault((r["backend"], r["size"], r["batch"]), {})[r["impl"]] = r
+    lines = [
+        "| backend | size | batch | multicritic ms | native ms | ratio (native/ours time) | multicritic util | native util | matmul peak GFLOP/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (backend, size, batch), pair in sorted(rows.items()):
+        ours, theirs = pair["multicritic"], pair["native"]
+        lines.append(
+            f"| {backend} | {size} | {batch} | {ours['step_ms']:.2f} | {theirs['step_ms']:.2f} | "
+            f"{theirs['step_ms'] / ours['step_ms']:.3f} | {100 * ours['utilization']:.1f}% | "
+            f"{100 * theirs['utilization']:.1f}% | {peaks[backend]:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "all"), help=f"one of {BACKENDS} or all")
+    parser.add_argument("--size", default="XS")
+    parser.add_argument("--batch", type=int, nargs="+", default=[256, 4096, 15360])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--block-seconds", type=float, default=1.0, help="length of one timed block")
+    parser.add_argument("--jit-compile", action="store_true", help="XLA for TF, torch.compile for PyTorch (both sides)")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.backend == "all":
+        import importlib.util
+
+        records = []
+        for backend in BACKENDS:
+            if importlib.util.find_spec(backend) is None:
+                print(f"skipping {backend}: not installed", file=sys.stderr)
+                continue
+            cmd = [sys.executable, __file__, "--backend", backend, "--child", "--size", args.size,
+                   "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
+                   "--batch", *map(str, args.batch)] + (["--jit-compile"] if args.jit_compile else [])
+            env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                print(out.stderr[-2000:], file=sys.stderr)
+                raise SystemExit(f"benchmark failed on {backend}")
+            records += json.loads(out.stdout.strip().splitlines()[-1])
+    else:
+        os.environ["KERAS_BACKEND"] = args.backend
+        records = run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds, args.jit_compile)
+        if args.child:
+            print(json.dumps(records))
+            return
+    print(table(records))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
