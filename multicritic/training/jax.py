@@ -3,12 +3,41 @@
 All state (critic, EMA copy, optimizer, step counter) goes into the jitted
 function as arrays and comes back updated; the shared step runs inside
 `keras.StatelessScope`s and its `Variable.assign`s become the new state.
+
+Data parallelism: under a `keras.distribution.DataParallel` distribution the
+variables are replicated by Keras when created, and each batch is sharded
+here along its batch axis; XLA (GSPMD) inserts the gradient all-reduce.
 """
 
 from __future__ import annotations
 
 import jax
+import keras
 from keras import StatelessScope
+
+
+def _shard_batch(batch, batch_axis):
+    """Places each array with its batch axis split over the distribution's mesh."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return batch
+    if not isinstance(distribution, keras.distribution.DataParallel):
+        raise ValueError(
+            f"keras.distribution: got {type(distribution).__name__}, expected DataParallel "
+            "(the critic is small: its weights are replicated, the batch is sharded)."
+        )
+    mesh = distribution.device_mesh
+    out = []
+    for x in batch:
+        axes = [None] * len(x.shape)
+        axes[batch_axis] = distribution.batch_dim_name
+        if x.shape[batch_axis] % mesh.shape[0]:
+            raise ValueError(
+                f"batch: got {x.shape[batch_axis]} rows on axis {batch_axis}, expected a multiple "
+                f"of the {mesh.shape[0]} devices of the data-parallel mesh."
+            )
+        out.append(keras.distribution.distribute_tensor(x, keras.distribution.TensorLayout(axes, mesh)))
+    return out
 
 
 def apply_gradients(optimizer, grads, variables):
@@ -56,7 +85,7 @@ def make_train_function(trainer, loss_fn, batch_axis):
                 value = value.copy()
             seen.add(id(value))
             state.append(value)
-        new_state, metrics = compiled(state, batch)
+        new_state, metrics = compiled(state, _shard_batch(batch, batch_axis))
         for var, value in zip(variables, new_state):
             var.assign(value)
         return metrics

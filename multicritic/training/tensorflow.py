@@ -1,4 +1,11 @@
-"""TensorFlow: gradients with `tf.GradientTape`, the step compiled by `tf.function` (optionally XLA)."""
+"""TensorFlow: gradients with `tf.GradientTape`, the step compiled by `tf.function` (optionally XLA).
+
+Data parallelism: when the critic and trainer were created inside a
+`tf.distribute.Strategy` scope (e.g. `MirroredStrategy`), each replica takes
+its slice of the batch and computes gradients of its share of the mean loss;
+the gradients are summed across replicas, then clipped, applied and
+EMA-averaged once, in cross-replica context, on the mirrored variables.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +26,52 @@ def apply_gradients(optimizer, grads, variables):
     optimizer.apply(grads, variables)
 
 
+def _distributed_train_function(trainer, loss_fn, batch_axis, strategy):
+    trainable = trainer.critic.trainable_variables
+    replicas = strategy.num_replicas_in_sync
+    sum_ = tf.distribute.ReduceOp.SUM
+
+    def replica_step(*batch):
+        with tf.GradientTape() as tape:
+            loss, losses = loss_fn(*batch)
+            scaled = trainer._scaled_loss(loss) / replicas
+        return tape.gradient(scaled, trainable), losses
+
+    @tf.function(jit_compile=trainer.jit_compile, reduce_retracing=True)
+    def step(*batch):
+        grads, losses = strategy.run(replica_step, args=batch)
+        grads = [strategy.reduce(sum_, g, axis=None) for g in grads]
+        losses = {k: strategy.reduce(sum_, v, axis=None) / replicas for k, v in losses.items()}
+        if "nonfinite_targets" in losses:
+            losses["nonfinite_targets"] = losses["nonfinite_targets"] * replicas  # a count, not a mean
+        return trainer._apply(grads, losses)
+
+    def run(*batch):
+        if batch[0].shape[batch_axis] % replicas:
+            raise ValueError(
+                f"batch: got {batch[0].shape[batch_axis]} rows on axis {batch_axis}, expected a multiple "
+                f"of the {replicas} replicas of the distribution strategy."
+            )
+        parts = [tf.split(x, replicas, axis=batch_axis) for x in batch]
+        local = [
+            strategy.experimental_distribute_values_from_function(lambda ctx, p=p: p[ctx.replica_id_in_sync_group])
+            for p in parts
+        ]
+        return step(*local)
+
+    run.compiled = {"distributed": step}
+    return run
+
+
 def make_train_function(trainer, loss_fn, batch_axis):
     trainable = trainer.critic.trainable_variables
+    # The strategy the critic's variables were created under (mirrored
+    # variables remember it), whether or not its scope is open now.
+    strategy = getattr(trainable[0].value, "_distribute_strategy", None)
+    if strategy is None and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+    if strategy is not None and strategy.num_replicas_in_sync > 1:
+        return _distributed_train_function(trainer, loss_fn, batch_axis, strategy)
     compiled = {}
 
     def step(*batch):

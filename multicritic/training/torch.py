@@ -1,8 +1,33 @@
-"""PyTorch: gradients with autograd (`loss.backward()`); the whole step optionally through `torch.compile`."""
+"""PyTorch: gradients with autograd (`loss.backward()`); the whole step optionally through `torch.compile`.
+
+Data parallelism: when `torch.distributed` is initialised with more than one
+process, the fast critic's forward pass goes through
+`torch.nn.parallel.DistributedDataParallel`, which averages the gradients
+over the processes during `backward()` (and broadcast rank 0's weights,
+EMA copy included, when it was set up). Every process then applies the same
+clipped update and EMA step, so the weights stay identical everywhere.
+"""
 
 from __future__ import annotations
 
 import torch
+
+
+def _data_parallel(trainer):
+    """Routes the fast forward pass through DDP when a process group is running."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    critic = trainer.critic
+    ddp = torch.nn.parallel.DistributedDataParallel(critic, broadcast_buffers=False)
+
+    def forward(h, z, use_ema=False):
+        # EMA passes need no gradients, hence no DDP (its reducer expects one
+        # forward pass per backward).
+        return critic.apply_network(h, z, use_ema=True) if use_ema else ddp(h, z)
+
+    trainer._forward = forward
+    trainer.ddp = ddp
 
 
 def apply_gradients(optimizer, grads, variables):
@@ -11,6 +36,8 @@ def apply_gradients(optimizer, grads, variables):
 
 def make_train_function(trainer, loss_fn, batch_axis):
     trainable = trainer.critic.trainable_variables
+    if trainer._forward == trainer.critic.apply_network:
+        _data_parallel(trainer)
 
     def step(*batch):
         params = [v.value for v in trainable]

@@ -145,6 +145,9 @@ class CriticTrainer:
         self.steps = keras.Variable(0, dtype="int32", trainable=False, name="critic_trainer_steps")
         self._backend = backend_module()
         self._compiled: Dict[str, Callable] = {}
+        # The critic's forward pass; a backend may route it through its
+        # data-parallel engine (PyTorch DDP).
+        self._forward = critic.apply_network
 
     # ------------------------------------------------------------------
     # State.
@@ -189,11 +192,11 @@ class CriticTrainer:
     def _loss_parts(self, h, z, value_targets, loss_weights, fast=None, ema=None):
         """The loss from (possibly precomputed) fast and EMA outputs."""
         critic = self.critic
-        value, logits = fast if fast is not None else critic.apply_network(h, z)
+        value, logits = fast if fast is not None else self._forward(h, z)
         regularize = critic.ema_regularizer_weight > 0.0
         ema_value = ema_logits = None
         if regularize:
-            ema_value, ema_logits = ema if ema is not None else critic.apply_network(h, z, use_ema=True)
+            ema_value, ema_logits = ema if ema is not None else self._forward(h, z, use_ema=True)
             ema_value, ema_logits = ops.stop_gradient(ema_value), ops.stop_gradient(ema_logits)
         losses = critic_loss(
             logits,
@@ -220,9 +223,9 @@ class CriticTrainer:
         horizon = h.shape[0]
         flat_h = ops.reshape(h, (-1, h.shape[-1]))
         flat_z = ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
-        value, logits = critic.apply_network(flat_h, flat_z)
+        value, logits = self._forward(flat_h, flat_z)
         need_ema = critic.ema_regularizer_weight > 0.0 or critic.ema_targets
-        ema_value, ema_logits = critic.apply_network(flat_h, flat_z, use_ema=True) if need_ema else (None, None)
+        ema_value, ema_logits = self._forward(flat_h, flat_z, use_ema=True) if need_ema else (None, None)
 
         def time_major(x):
             return ops.reshape(x, (horizon, -1) + tuple(x.shape[1:]))

@@ -1,0 +1,39 @@
+"""Subprocess body of the JAX DataParallel test (JAX_NUM_CPU_DEVICES set by the caller)."""
+
+import json
+
+import jax
+import keras
+import numpy as np
+
+from multicritic import CriticNetwork, CriticTrainer
+from tests.distributed.common import batches, initial_weights
+
+
+def run():
+    critic = CriticNetwork(model_size="nano")
+    critic.set_weights(initial_weights(critic))
+    trainer = CriticTrainer(critic, learning_rate=1e-3)
+    metrics = [trainer.train_step(*b) for b in batches("direct")]
+    metrics += [trainer.train_on_dream(*b) for b in batches("dream")]
+    return critic, [keras.ops.convert_to_numpy(v.value) for v in critic.weights], [
+        {k: float(v) for k, v in m.items()} for m in metrics
+    ]
+
+
+_, single_w, single_m = run()
+devices = keras.distribution.list_devices()
+keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+critic, multi_w, multi_m = run()
+kernel = critic.trainable_variables[0].value
+print(
+    json.dumps(
+        {
+            "devices": len(devices),
+            "replicated": bool(kernel.sharding.is_fully_replicated) and len(kernel.sharding.device_set) == len(devices),
+            "max_weight_diff": max(float(np.abs(a - b).max()) for a, b in zip(single_w, multi_w)),
+            "max_loss_diff": max(abs(a["total"] - b["total"]) for a, b in zip(single_m, multi_m)),
+            "max_grad_norm_rel": max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(single_m, multi_m)),
+        }
+    )
+)
