@@ -1,0 +1,40 @@
+"""Decode bias of the two bin schemes for noisy returns (README table).
+
+A critic that has converged on returns R predicts their average two-hot
+target, p = E[two_hot(R)]. Decoding p gives back E[R] only if two-hot
+interpolation and decoding are both linear in the same space:
+
+- "symexp" (2024): real-space buckets, real-space interpolation and mean, so
+  the decode is E[R] exactly;
+- "uniform_symlog" (2023): symlog-space interpolation and mean, so the decode
+  is symexp(E[symlog R]), biased towards 0 when returns are spread out.
+
+    python benchmarks/bin_scheme_bias.py
+"""
+
+import keras
+import numpy as np
+
+from multicritic import inverse_symlog, symlog, two_hot
+from multicritic.bins import expected_value
+
+
+def decoded(returns, scheme):
+    target = keras.ops.mean(two_hot(symlog(returns.astype(np.float32)), bin_scheme=scheme), axis=0)
+    return float(keras.ops.convert_to_numpy(inverse_symlog(expected_value(target, bin_scheme=scheme))))
+
+
+def main():
+    rng = np.random.default_rng(0)
+    print("| mean return | spread (std / mean) | uniform_symlog decode bias | symexp decode bias |")
+    print("|---:|---:|---:|---:|")
+    for mean in (10.0, 1e3, 1e6):
+        for spread in (0.0, 0.5, 1.0, 2.0):
+            returns = mean * (1.0 + spread * rng.standard_normal(20000))
+            truth = returns.mean()
+            row = [100 * (decoded(returns, s) - truth) / truth for s in ("uniform_symlog", "symexp")]
+            print(f"| {mean:g} | {spread:g} | {row[0]:+.2f}% | {row[1]:+.3f}% |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The benchmarks run (at a tiny size) so they cannot rot; no timing is asserted."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import BACKEND
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_train_step_benchmark_runs(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "train_step.py"), "--backend", BACKEND, "--size", "nano",
+         "--batch", "8", "16", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads(out.read_text())
+    peak = [r for r in records if r["impl"] == "matmul_peak"]
+    assert len(peak) == 1 and peak[0]["gflops"] > 0
+    steps = [r for r in records if r["impl"] in ("multicritic", "native")]
+    assert sorted((r["impl"], r["batch"]) for r in steps) == [
+        ("multicritic", 8), ("multicritic", 16), ("native", 8), ("native", 16)
+    ]
+    for r in steps:
+        assert r["backend"] == BACKEND and r["size"] == "nano"
+        assert r["step_ms"] > 0 and r["samples_per_s"] > 0 and 0 < r["utilization"]
+    assert "| multicritic ms |" in result.stdout
+
+
+def test_step_flops_formula():
+    sys.path.insert(0, ROOT)
+    from benchmarks.train_step import step_flops
+
+    # XS, one row: fast forward, EMA forward and weight gradients are 2 flops
+    # per weight each; input gradients for every layer but the first one.
+    weights = 1280 * 256 + 256 * 255
+    assert step_flops(1280, 256, 1, 255, 1) == 3 * 2 * weights + 2 * 256 * 255
