@@ -2,8 +2,9 @@
 
 nn.Linear / nn.LayerNorm / SiLU modules, an EMA copy with requires_grad off,
 the two-hot cross-entropy by gathering two buckets, torch.optim.Adam
-(foreach), clip_grad_norm_ (foreach), EMA with _foreach ops. Same math as
-the reference critic step.
+(foreach), clip_grad_norm_ (foreach), EMA with _foreach ops; with
+`jit_compile`, the update goes through torch.compile (PyTorch's "compiled
+optimizer" recipe). Same math as the reference critic step.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def symlog(x):
     return torch.sign(x) * torch.log1p(x.abs())
 
 
-def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98):
+def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, jit_compile=False):
     critic = Critic(in_dim, units, layers)
     ema = copy.deepcopy(critic).requires_grad_(False)
     params = list(critic.parameters())
@@ -69,10 +70,15 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98):
         loss = (per * weights).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        return {"total": loss.detach(), "grad_norm": update()}
+
+    def update():
         norm = nn.utils.clip_grad_norm_(params, clip, foreach=True)
         optimizer.step()
         with torch.no_grad():
             torch._foreach_lerp_(ema_params, params, 1.0 - decay)
-        return {"total": loss.detach(), "grad_norm": norm}
+        return norm
 
+    if jit_compile:  # PyTorch's "compiled optimizer" recipe
+        update = torch.compile(update)
     return step

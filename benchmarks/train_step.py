@@ -120,7 +120,7 @@ def run_backend(backend, size, batches, repeats, block_seconds, jit_compile):
         data = _inputs(backend, batch, gru, cats, classes, seed=batch)
         keras.utils.set_random_seed(0)
         ours = CriticTrainer(CriticNetwork(model_size=size), jit_compile=jit_compile).train_step
-        kwargs = {"jit_compile": jit_compile} if backend == "tensorflow" else {}
+        kwargs = {"jit_compile": jit_compile} if backend in ("tensorflow", "torch") else {}
         theirs = native.make_step(in_dim, units, layers, **kwargs)
         impls = {"multicritic": ours, "native": theirs}
         per_step = {}
@@ -147,6 +147,7 @@ def run_backend(backend, size, batches, repeats, block_seconds, jit_compile):
                     "gflop_per_step": flops / 1e9,
                     "utilization": flops / (ms / 1e3) / (peak * 1e9),
                     "repeats": repeats,
+                    "jit_compile": jit_compile,
                     "steps_per_block": count,
                 }
             )
@@ -180,7 +181,9 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, nargs="+", default=[256, 4096, 15360])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block-seconds", type=float, default=1.0, help="length of one timed block")
-    parser.add_argument("--jit-compile", action="store_true", help="XLA for TF, torch.compile for PyTorch (both sides)")
+    parser.add_argument(
+        "--jit-compile", action="store_true", help="XLA for TF, torch.compile of the update for PyTorch (both sides)"
+    )
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -33,7 +33,10 @@ def _constant(table):
     if _torch_compiling():
         # torch.compile cannot trace numpy; a list is slow but traceable.
         return ops.convert_to_tensor(list(table), dtype="float32")
-    return ops.convert_to_tensor(np.asarray(table, np.float32))
+    array = _ARRAYS.get(id(table))
+    if array is None:
+        array = _ARRAYS[id(table)] = np.asarray(table, np.float32)
+    return ops.convert_to_tensor(array)
 
 
 def _torch_compiling() -> bool:
@@ -86,6 +89,7 @@ def _tf_linspace_float32(lower, upper, num):
 # traces numpy into tensors), so tables other than the default are built
 # eagerly by the layers' constructors, or by one eager call of `bucket_values`.
 _TABLES = {}
+_ARRAYS = {}  # numpy copies of the tables, by id (the tables live as long as the module)
 
 
 def _bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme):
@@ -195,7 +199,9 @@ def two_hot_indices(
     `"symexp"` scheme avoids a symexp(symlog(x)) round trip).
     """
     check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
-    values = ops.cast(ops.convert_to_tensor(values), "float32")
+    values = ops.convert_to_tensor(values)
+    if keras.backend.standardize_dtype(values.dtype) != "float32":
+        values = ops.cast(values, "float32")
     if bin_scheme == "uniform_symlog":
         if real_space:
             values = symlog(values)

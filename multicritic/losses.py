@@ -8,7 +8,7 @@ from typing import Dict, Optional
 import keras
 from keras import ops
 
-from multicritic.bins import bucket_range, check_bin_args, two_hot_indices
+from multicritic.bins import bucket_range, check_bin_args, inverse_symlog, symlog, two_hot_indices
 from multicritic.validation import check_same_shapes, compatible, fmt, shape_of
 
 EMA_REGULARIZERS = ("two_hot_mean", "distribution")
@@ -125,20 +125,28 @@ def critic_loss(
     keep = ops.cast(finite, "float32")
 
     logp = ops.log_softmax(logits, axis=-1)
-    k, kp1, w_k, w_kp1 = two_hot_indices(value_targets, *bins, real_space=True)
-    index = [k, kp1]
-    weight = [w_k, w_kp1]
-    if ema_regularizer == "two_hot_mean":
-        ek, ekp1, ew_k, ew_kp1 = two_hot_indices(ema_value_symlog, *bins)
-        index += [ek, ekp1]
-        weight += [ew_k, ew_kp1]
-    # Gathering the two non-zero buckets is the reference's dense
+    regularize_two_hot = ema_regularizer == "two_hot_mean"
+    # Both two-hot targets at once, in the space the scheme interpolates in.
+    if bin_scheme == "uniform_symlog":
+        targets_in_space, ema_in_space = symlog(value_targets), ema_value_symlog
+    else:
+        targets_in_space = value_targets
+        ema_in_space = None if ema_value_symlog is None else inverse_symlog(ops.clip(ema_value_symlog, lower_bound, upper_bound))
+    if regularize_two_hot:
+        both = ops.stack([targets_in_space, ema_in_space], axis=-1)
+    else:
+        both = targets_in_space[..., None]
+    k, kp1, w_k, w_kp1 = two_hot_indices(both, *bins, real_space=bin_scheme == "symexp")
+    # Gathering the two non-zero buckets per target is the reference's dense
     # `sum(logp * two_hot)` exactly (the other terms are zeros) at a
     # fraction of the memory traffic.
-    picked = ops.take_along_axis(logp, ops.stack(index, axis=-1), axis=-1) * ops.stack(weight, axis=-1)
-    value_nll = -(picked[..., 0] + picked[..., 1])
-    if ema_regularizer == "two_hot_mean":
-        ema_reg = -(picked[..., 2] + picked[..., 3])
+    picked = ops.take_along_axis(logp, ops.concatenate([k, kp1], axis=-1), axis=-1) * ops.concatenate(
+        [w_k, w_kp1], axis=-1
+    )
+    width = k.shape[-1]
+    value_nll = -(picked[..., 0] + picked[..., width])
+    if regularize_two_hot:
+        ema_reg = -(picked[..., 1] + picked[..., width + 1])
     else:
         ema_probs = ops.stop_gradient(ops.softmax(ema_logits, axis=-1))
         ema_reg = -ops.sum(ema_probs * logp, axis=-1)
