@@ -265,3 +265,20 @@ def test_bad_trainer_options(kwargs, match):
 def test_trainer_needs_a_built_critic():
     with pytest.raises(ValueError, match="critic: not built yet"):
         CriticTrainer(CriticNetwork(model_size=None, num_dense_layers=1, dense_hidden_units=4))
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason="JAX steps are always jitted")
+def test_jit_compile_matches_the_default_step():
+    # TensorFlow: XLA; PyTorch: torch.compile of the update.
+    results = []
+    for jit_compile in (False, True):
+        critic = CriticNetwork(model_size="nano")
+        randomize(critic, seed=8)
+        trainer = CriticTrainer(critic, learning_rate=1e-3, jit_compile=jit_compile)
+        metrics = [to_np(trainer.train_step(*direct_batch(critic, 32, seed=s))) for s in range(2)]
+        results.append((metrics, snapshot(critic.weights)))
+    for a, b in zip(results[0][0], results[1][0]):
+        for key in ("total", "grad_norm"):
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5)
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(a, b, atol=1e-6)
