@@ -1,9 +1,9 @@
-"""PyTorch: gradients with autograd (`loss.backward()`); the whole step optionally through `torch.compile`.
+"""PyTorch: gradients with autograd (`loss.backward()`); the update optionally through `torch.compile`.
 
 Data parallelism: when `torch.distributed` is initialised with more than one
 process, the fast critic's forward pass goes through
 `torch.nn.parallel.DistributedDataParallel`, which averages the gradients
-over the processes during `backward()` (and broadcast rank 0's weights,
+over the processes during `backward()` (and broadcasts rank 0's weights,
 EMA copy included, when it was set up). Every process then applies the same
 clipped update and EMA step, so the weights stay identical everywhere.
 """

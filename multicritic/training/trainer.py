@@ -219,9 +219,6 @@ class CriticTrainer:
             losses["ema_value_gap"] = ops.mean(ops.abs(ops.stop_gradient(value) - ema_value))
         return losses["total"], losses
 
-    def _direct_loss(self, h, z, value_targets, loss_weights):
-        return self._loss_parts(h, z, value_targets, loss_weights)
-
     def _dream_loss(self, h, z, rewards, continues):
         critic = self.critic
         horizon = h.shape[0]
@@ -329,7 +326,7 @@ class CriticTrainer:
             The metrics dict (see the class docstring).
         """
         batch = self._inputs({"h": h, "z": z, "value_targets": value_targets, "loss_weights": loss_weights}, 1)
-        return self._run("direct", self._direct_loss, batch, 0)
+        return self._run("direct", self._loss_parts, batch, 0)
 
     def train_on_dream(self, h, z, rewards, continues) -> Dict[str, object]:
         """One update from a dreamed trajectory batch, as RLlib's DreamerV3 learner.
