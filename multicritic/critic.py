@@ -240,7 +240,9 @@ class CriticNetwork(keras.Model):
         """`self(h, z, use_ema)` for compiled steps: skips Keras's per-call
         bookkeeping where the dtype policy makes it a no-op (float32 tensors
         in, float32 policy)."""
-        if self._plain_dtypes and h.dtype == z.dtype == self.compute_dtype:
+        # Dtypes compared as Keras names: a torch.dtype never equals "float32".
+        dtype = keras.backend.standardize_dtype
+        if self._plain_dtypes and dtype(h.dtype) == dtype(z.dtype) == self.compute_dtype:
             return self.call(h, z, use_ema=use_ema)
         return self(h, z, use_ema=use_ema)
 
