@@ -25,6 +25,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from multicritic.validation import as_float32
+
 BIN_SCHEMES = ("uniform_symlog", "symexp")
 
 
@@ -199,9 +201,7 @@ def two_hot_indices(
     `"symexp"` scheme avoids a symexp(symlog(x)) round trip).
     """
     check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
-    values = ops.convert_to_tensor(values)
-    if keras.backend.standardize_dtype(values.dtype) != "float32":
-        values = ops.cast(values, "float32")
+    values = as_float32(values)
     if bin_scheme == "uniform_symlog":
         if real_space:
             values = symlog(values)

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict
 
-import keras
 from keras import ops
 
 from multicritic.bins import bucket_range, check_bin_args, inverse_symlog, symlog, two_hot_indices
-from multicritic.validation import check_same_shapes, compatible, fmt, shape_of
+from multicritic.validation import as_float32, check_same_shapes, compatible, fmt, shape_of
 
 EMA_REGULARIZERS = ("two_hot_mean", "distribution")
-
-
-def _float32(x):
-    if x is None:
-        return None
-    x = ops.convert_to_tensor(x)
-    return x if keras.backend.standardize_dtype(x.dtype) == "float32" else ops.cast(x, "float32")
 
 
 def _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, ema_logits, num_buckets):
@@ -108,7 +100,7 @@ def critic_loss(
     if ema_regularizer == "distribution" and ema_logits is None:
         raise ValueError("ema_logits: got None, expected [..., num_buckets] logits with ema_regularizer='distribution'.")
     tensors = [logits, value_targets, ema_value_symlog, loss_weights, ema_logits]
-    logits, value_targets, ema_value_symlog, loss_weights, ema_logits = (_float32(x) for x in tensors)
+    logits, value_targets, ema_value_symlog, loss_weights, ema_logits = (None if x is None else as_float32(x) for x in tensors)
     _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, ema_logits, num_buckets)
     if ema_value_symlog is not None:
         check_same_shapes({"value_targets": value_targets, "ema_value_symlog": ema_value_symlog})

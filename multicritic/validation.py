@@ -1,8 +1,19 @@
-"""Shape checks that raise clear `ValueError`s before any state changes."""
+"""Input checks that raise clear `ValueError`s before any state changes, and the float32 conversion."""
 
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
+
+import keras
+from keras import ops
+
+
+def as_float32(x):
+    """`x` as a float32 backend tensor. A float32 tensor is returned as it is,
+    without a Keras op: on eager PyTorch each op call costs tens of µs."""
+    if not ops.is_tensor(x):
+        x = ops.convert_to_tensor(x)
+    return x if keras.backend.standardize_dtype(x.dtype) == "float32" else ops.cast(x, "float32")
 
 
 def shape_of(x) -> Tuple[Optional[int], ...]:

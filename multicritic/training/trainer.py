@@ -20,7 +20,7 @@ from multicritic.critic import CriticNetwork
 from multicritic.losses import critic_loss
 from multicritic.returns import dream_loss_weights, lambda_returns
 from multicritic.training import checkpoint
-from multicritic.validation import fmt
+from multicritic.validation import as_float32, fmt
 
 
 def backend_module():
@@ -56,11 +56,10 @@ def global_norm(tensors):
 
 
 def _as_float32(x):
+    """Host data as a float32 numpy array (its finiteness is checked on the host), tensors as float32 tensors."""
     if isinstance(x, (np.ndarray, list, tuple, float, int, np.generic)):
         return np.asarray(x, dtype=np.float32)
-    if keras.backend.standardize_dtype(x.dtype) == "float32":
-        return x
-    return ops.cast(x, "float32")
+    return as_float32(x)
 
 
 class CriticTrainer:
@@ -252,7 +251,7 @@ class CriticTrainer:
     def _apply(self, grads, losses):
         """Clip, update, EMA: shared by every backend (assignments via `Variable.assign`)."""
         critic = self.critic
-        grads = [g if keras.backend.standardize_dtype(g.dtype) == "float32" else ops.cast(g, "float32") for g in grads]
+        grads = [as_float32(g) for g in grads]
         scale = self._loss_scale()
         norm = global_norm(grads)
         if scale is not None:
