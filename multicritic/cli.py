@@ -60,14 +60,19 @@ def _check_writable(path: Optional[str], what: str) -> None:
         os.remove(path)
 
 
+def _require_backend(backend: str, flag: str) -> None:
+    """A known and installed Keras backend, else a one-line usage error naming `flag`."""
+    if backend not in BACKENDS:
+        raise UsageError(f"{flag}: got {backend!r}, expected one of {list(BACKENDS)}")
+    if importlib.util.find_spec(backend) is None:
+        raise UsageError(f"{flag}: {backend!r} is not installed (installed: {', '.join(installed_backends()) or 'none'})")
+
+
 def _switch_backend(backend: Optional[str], argv: List[str]) -> None:
     """Re-runs the command on `backend` (the backend is fixed once Keras is imported)."""
     if backend is None or backend == keras.backend.backend():
         return
-    if backend not in BACKENDS:
-        raise UsageError(f"--backend: got {backend!r}, expected one of {list(BACKENDS)}")
-    if importlib.util.find_spec(backend) is None:
-        raise UsageError(f"--backend: {backend!r} is not installed (installed: {', '.join(installed_backends()) or 'none'})")
+    _require_backend(backend, "--backend")
     if os.environ.get("MULTICRITIC_SWITCHED"):
         raise UsageError(f"--backend: could not switch Keras to {backend!r}")
     env = dict(os.environ, KERAS_BACKEND=backend, MULTICRITIC_SWITCHED="1")
@@ -123,10 +128,7 @@ def _check(args) -> int:
     if args.backends:
         backends = [b.strip() for b in args.backends.split(",") if b.strip()]
         for b in backends:
-            if b not in BACKENDS:
-                raise UsageError(f"--backends: got {b!r}, expected some of {list(BACKENDS)}")
-            if importlib.util.find_spec(b) is None:
-                raise UsageError(f"--backends: {b!r} is not installed")
+            _require_backend(b, "--backends")
     if not backends:
         raise UsageError("no Keras backend is installed (pip install 'multicritic[jax]', '[torch]' or '[tensorflow]')")
     return run_check(backends, perturb=args.perturb)
