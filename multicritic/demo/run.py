@@ -18,6 +18,7 @@ import numpy as np
 from multicritic.bins import inverse_symlog
 from multicritic.critic import CriticNetwork
 from multicritic.demo.mdp import MDP, encode_states, random_mdp
+from multicritic.sizes import get_model_dims
 from multicritic.training.trainer import CriticTrainer, predict_function
 
 DEFAULT_SCALES = (1.0, 1e3, 1e6)
@@ -92,12 +93,13 @@ def run_demo(config: DemoConfig, progress: bool = True, log=print) -> List[Scale
     """Trains one fresh critic per reward scale on the same MDP; returns the results."""
     rng = np.random.default_rng(config.seed)
     base = random_mdp(rng, num_states=config.num_states, noise=config.noise, gamma=config.gamma)
-    dims = CriticNetwork(model_size=config.size)
-    h, z = encode_states(rng, config.num_states, dims.gru_units, dims.num_z_categoricals, dims.num_z_classes)
+    dims = get_model_dims(config.size)
+    h, z = encode_states(rng, config.num_states, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"])
     results = []
     for scale in config.scales:
         mdp = base.scaled(scale)
-        log(f"reward scale {scale:g}: exact values in [{mdp.values().min():.4g}, {mdp.values().max():.4g}]")
+        true = mdp.values()
+        log(f"reward scale {scale:g}: exact values in [{true.min():.4g}, {true.max():.4g}]")
         result = train_one_scale(config, mdp, h, z, progress=progress)
         result.reward_scale = float(scale)
         results.append(result)
