@@ -29,7 +29,7 @@ def apply_gradients(optimizer, grads, variables):
 def _distributed_train_function(trainer, loss_fn, batch_axis, strategy):
     trainable = trainer.critic.trainable_variables
     replicas = strategy.num_replicas_in_sync
-    sum_ = tf.distribute.ReduceOp.SUM
+    sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
 
     def replica_step(*batch):
         with tf.GradientTape() as tape:
@@ -41,9 +41,8 @@ def _distributed_train_function(trainer, loss_fn, batch_axis, strategy):
     def step(*batch):
         grads, losses = strategy.run(replica_step, args=batch)
         grads = [strategy.reduce(sum_, g, axis=None) for g in grads]
-        losses = {k: strategy.reduce(sum_, v, axis=None) / replicas for k, v in losses.items()}
-        if "nonfinite_targets" in losses:
-            losses["nonfinite_targets"] = losses["nonfinite_targets"] * replicas  # a count, not a mean
+        # Per-replica means average; the non-finite count adds up.
+        losses = {k: strategy.reduce(sum_ if k == "nonfinite_targets" else mean, v, axis=None) for k, v in losses.items()}
         return trainer._apply(grads, losses)
 
     def run(*batch):

@@ -63,6 +63,9 @@ def test_tensorflow_mirrored_strategy_equals_single_device():
     assert out["variable"] == "MirroredVariable"
     assert out["max_weight_diff"] < 1e-6
     assert out["max_loss_diff"] < 1e-5 and out["max_grad_norm_rel"] < 1e-5
+    # Every metric, including the non-finite target count summed over replicas.
+    assert out["metric_keys_equal"] and out["max_metric_diff"] < 1e-5
+    assert out["nonfinite_targets"] == 2.0
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.distributed")
