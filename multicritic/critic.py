@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Sequence, Tuple
 
 import keras
@@ -13,6 +14,8 @@ from multicritic.layers.mlp import MLP
 from multicritic.losses import EMA_REGULARIZERS
 from multicritic.layers.reward_predictor import RewardPredictorLayer
 from multicritic.sizes import get_model_dims
+from multicritic.validation import integer, number
+from multicritic import weights_file
 
 
 
@@ -22,14 +25,33 @@ def _shape(x) -> Tuple:
 
 def check_critic_options(ema_decay, ema_update_period, ema_regularizer_weight, ema_regularizer):
     """Raises a `ValueError` for slow-critic options outside their range."""
-    if not 0.0 <= float(ema_decay) <= 1.0:
-        raise ValueError(f"ema_decay: got {ema_decay!r}, expected a number in [0, 1].")
-    if isinstance(ema_update_period, bool) or int(ema_update_period) != ema_update_period or ema_update_period < 1:
-        raise ValueError(f"ema_update_period: got {ema_update_period!r}, expected an integer >= 1.")
-    if not float(ema_regularizer_weight) >= 0.0:
-        raise ValueError(f"ema_regularizer_weight: got {ema_regularizer_weight!r}, expected a number >= 0.")
-    if ema_regularizer not in EMA_REGULARIZERS:
+    number("ema_decay", ema_decay, low=0.0, high=1.0)
+    integer("ema_update_period", ema_update_period)
+    number("ema_regularizer_weight", ema_regularizer_weight, low=0.0)
+    if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
         raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
+
+
+def _real_tensor(name, x, dtype):
+    """`x` as a backend tensor; integer and boolean inputs become `dtype`, anything else non-real is refused."""
+    if x is None or isinstance(x, (str, bytes)):
+        raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
+    if not ops.is_tensor(x):
+        try:
+            x = np.asarray(x)
+        except Exception as err:
+            raise ValueError(f"{name}: got a {type(x).__name__} that is not an array ({err}).") from None
+        if x.dtype.kind not in "fiub":
+            raise ValueError(f"{name}: got an array of dtype {x.dtype}, expected real numbers.")
+        if x.dtype.kind == "f" and x.dtype != np.float64:
+            return ops.convert_to_tensor(x)
+        return ops.convert_to_tensor(x.astype(dtype))
+    kind = keras.backend.standardize_dtype(x.dtype)
+    if "float" in kind:
+        return x
+    if kind.startswith(("int", "uint", "bool")):
+        return ops.cast(x, dtype)
+    raise ValueError(f"{name}: got a tensor of dtype {kind}, expected real numbers.")
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
@@ -221,6 +243,8 @@ class CriticNetwork(keras.Model):
         self.init_ema()
 
     def call(self, h, z, use_ema=False):
+        h = _real_tensor("h", h, self.compute_dtype)
+        z = _real_tensor("z", z, self.compute_dtype)
         self._check_inputs(h.shape, z.shape)
         z = ops.reshape(ops.cast(z, h.dtype), (-1, self.num_z_categoricals * self.num_z_classes))
         x = ops.concatenate([h, z], axis=-1)
@@ -283,28 +307,57 @@ class CriticNetwork(keras.Model):
         """`ema <- d * ema + (1 - d) * fast` for every variable, through `Variable.assign`."""
         if not self.built:
             raise ValueError("update_ema: the critic has no variables yet; call it once or build it first.")
+        if decay is not None and not ops.is_tensor(decay):
+            decay = number("decay", decay, low=0.0, high=1.0)
         fast, ema = self.fast_weights, self.ema_weights
         fast_values = [ops.stop_gradient(v.value) for v in fast]
         for var, value in zip(ema, self.compute_ema(fast_values, [v.value for v in ema], decay)):
             var.assign(value)
 
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        """Keras's `save_weights` (`.weights.h5`), plus this critic's config and a SHA-256 seal.
+
+        The file is written atomically; Keras and h5py read it as any
+        `.weights.h5`. `load_weights` refuses it when it was corrupted,
+        or into a critic of another configuration.
+        """
+        path = os.fspath(filepath)
+        if not overwrite and os.path.exists(path):
+            raise ValueError(f"filepath: {path!r} exists and overwrite=False.")
+        return weights_file.save(self, path, lambda tmp: super(CriticNetwork, self).save_weights(tmp, **kwargs))
+
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
-        """Keras's `load_weights`, all or nothing: on any error (another size or
-        bucket count, a corrupt or truncated file) the weights are restored
-        and a `ValueError` says what failed."""
+        """Keras's `load_weights`, all or nothing.
+
+        Everything is checked before the first weight changes: the file's
+        seal (files this critic wrote), its saved config against this
+        critic's (bins, sizes, options: a `ValueError` lists what differs),
+        the set of arrays (none missing, none extra), every shape and dtype,
+        and that every value is finite. A `.weights.h5` written by plain
+        Keras (no config, no seal) gets every check but those two.
+        """
         if not self.built:
             raise ValueError("load_weights: the critic has no variables yet; call it once or give its input sizes first.")
+        if skip_mismatch:
+            raise ValueError("skip_mismatch: got True, expected False (a critic loads whole or not at all).")
         saved = [np.array(ops.convert_to_numpy(v.value)) for v in self.weights]
         try:
-            super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
-        except Exception as err:
+            weights_file.load(
+                self,
+                filepath,
+                lambda tmp: super(CriticNetwork, self).save_weights(tmp),
+                lambda tmp: super(CriticNetwork, self).load_weights(tmp, **kwargs),
+            )
+        except ValueError as err:  # raised by the checks, before any assignment
+            raise ValueError(
+                f"load_weights: could not load {str(filepath)!r} into this critic; its weights are unchanged. {err}"
+            ) from err
+        except Exception as err:  # a failure inside Keras after the checks: put everything back
             for var, value in zip(self.weights, saved):
                 var.assign(value)
             raise ValueError(
-                f"load_weights: could not load {str(filepath)!r} into this critic "
-                f"(model_size={self.model_size!r}, num_buckets={self.num_buckets}, "
-                f"gru_units={self.gru_units}, dense_hidden_units={self.dense_hidden_units}, "
-                f"num_dense_layers={self.num_dense_layers}); its weights are unchanged. Cause: {err}"
+                f"load_weights: could not load {str(filepath)!r} into this critic; its weights are unchanged. "
+                f"Cause: {err}"
             ) from err
 
     def get_config(self):

@@ -19,6 +19,7 @@ from typing import List, Sequence
 
 import numpy as np
 
+from multicritic import integrity
 from multicritic.critic import CriticNetwork
 
 
@@ -54,8 +55,9 @@ def load_rllib_weights(critic: CriticNetwork, weights: Sequence) -> None:
         weights: the list of arrays, in the order of the module docstring.
 
     Raises:
-        ValueError: on a count or shape mismatch, naming the first offending
-            array; the critic is left unchanged.
+        ValueError: on a count, shape or dtype mismatch or a non-finite
+            value, naming the first offending array; the critic is left
+            unchanged (everything is checked before the first assignment).
     """
     if not critic.built:
         raise ValueError("critic: not built yet; call it once or give its input sizes first.")
@@ -66,15 +68,14 @@ def load_rllib_weights(critic: CriticNetwork, weights: Sequence) -> None:
             f"weights: got {len(weights)} arrays, expected {len(pairs)} "
             f"({len(pairs) // 2} fast then {len(pairs) // 2} EMA: {rllib_weight_names(critic)})."
         )
-    arrays = []
+    named = {}
     for i, ((name, var), w) in enumerate(zip(pairs, weights)):
-        w = np.asarray(w)
-        if tuple(w.shape) != tuple(var.shape):
-            raise ValueError(
-                f"weights[{i}] ({name}): got shape {list(w.shape)}, expected {list(var.shape)}."
-            )
-        arrays.append(w.astype(np.float32))
-    for (_, var), w in zip(pairs, arrays):
+        if w is None or isinstance(w, (str, bytes)):
+            raise ValueError(f"weights[{i}] ({name}): got {w!r}, expected an array of shape {list(var.shape)}.")
+        named[f"weights[{i}] ({name})"] = w
+    expected = {f"weights[{i}] ({name})": (tuple(var.shape), "float32") for i, (name, var) in enumerate(pairs)}
+    checked = integrity.check_arrays("weights", named, expected)
+    for (_, var), w in zip(pairs, checked.values()):
         var.assign(w)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
+from multicritic.validation import integer
+
 # name: (gru_units, dense_hidden_units, num_dense_layers, num_z_categoricals,
 #        num_z_classes). "nano".."XXS" are RLlib's small debug sizes.
 _MODEL_DIMS = {
@@ -54,7 +56,7 @@ def get_model_dims(model_size: Optional[str], **overrides: Optional[int]) -> Dic
         )
     if model_size is None:
         dims = dict.fromkeys(_KEYS)
-    elif model_size in _MODEL_DIMS:
+    elif isinstance(model_size, str) and model_size in _MODEL_DIMS:
         dims = dict(zip(_KEYS, _MODEL_DIMS[model_size]))
     else:
         raise ValueError(
@@ -64,7 +66,5 @@ def get_model_dims(model_size: Optional[str], **overrides: Optional[int]) -> Dic
     for key, value in overrides.items():
         if value is None:
             continue
-        if isinstance(value, bool) or int(value) != value or value < 1:
-            raise ValueError(f"{key}: got {value!r}, expected a positive integer.")
-        dims[key] = int(value)
+        dims[key] = integer(key, value)
     return dims

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Tuple
 
 import keras
@@ -35,3 +36,38 @@ def check_same_shapes(tensors: Dict[str, object]) -> None:
     for name, got in items[1:]:
         if not compatible(got, want):
             raise ValueError(f"{name}: got shape {fmt(got)}, expected {fmt(want)} (the shape of {first}).")
+
+
+def number(name: str, value, *, low=None, high=None, low_open=False, allow_none=False) -> Optional[float]:
+    """`value` as a finite Python float within `[low, high]` (`(low, high]` with `low_open`),
+    else a `ValueError` naming `name`. Booleans and strings are refused."""
+    if value is None and allow_none:
+        return None
+    span = []
+    if low is not None:
+        span.append(f"{'>' if low_open else '>='} {low}")
+    if high is not None:
+        span.append(f"<= {high}")
+    want = "a finite number" + (" " + " and ".join(span) if span else "") + (" or None" if allow_none else "")
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ValueError(f"{name}: got {value!r}, expected {want}.")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: got {value!r}, expected {want}.") from None
+    if not math.isfinite(x) or (low is not None and (x <= low if low_open else x < low)) or (high is not None and x > high):
+        raise ValueError(f"{name}: got {value!r}, expected {want}.")
+    return x
+
+
+def integer(name: str, value, *, low: int = 1) -> int:
+    """`value` as a Python int >= `low`, else a `ValueError` naming `name`."""
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ValueError(f"{name}: got {value!r}, expected an integer >= {low}.")
+    try:
+        ok = int(value) == value and int(value) >= low
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}: got {value!r}, expected an integer >= {low}.")
+    return int(value)

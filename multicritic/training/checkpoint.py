@@ -1,82 +1,178 @@
-"""Trainer checkpoints: critic (fast and EMA), optimizer slots and step counter in one file.
+"""Trainer checkpoints: critic (fast and EMA), optimizer slots and step counter in one sealed file.
 
-The file is a numpy `.npz` archive, so it loads on any backend: arrays are
-stored in the fixed order of `CriticTrainer.state_variables` next to the
-critic's config and the trainer's options as JSON.
+The file is a numpy `.npz` archive (it loads on any backend) with a JSON
+`meta` entry (format, critic config, trainer options, optimizer config) and
+one array per state variable, keyed by its path relative to the trainer
+(`critic/mlp/dense_0/kernel`, `optimizer/iteration`, `trainer/steps`), so
+neither the critic's `name` nor the order of variables matters. The file ends
+with a SHA-256 seal (`multicritic.integrity`). Restoring checks the seal,
+the metadata, the configs and every array before it assigns anything.
+
+Format 1 files (arrays by position, no seal) still restore: their saved
+variable paths give the keys.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import zipfile
+from typing import Dict, List
 
 import keras
 import numpy as np
 
-FORMAT = "multicritic-trainer-checkpoint-1"
-# Config keys that fix the shapes of the critic's variables.
-SHAPE_KEYS = (
-    "num_buckets",
-    "gru_units",
-    "num_z_categoricals",
-    "num_z_classes",
-    "dense_hidden_units",
-    "num_dense_layers",
-)
+from multicritic import integrity
+
+FORMAT = "multicritic-trainer-checkpoint-2"
+LEGACY_FORMATS = ("multicritic-trainer-checkpoint-1",)
+# Keys of the critic config that are not part of what it computes.
+IGNORED_CRITIC_KEYS = ("name", "dtype", "trainable")
+# Trainer options that change the math of a step (the rest say how it runs).
+MATH_OPTIONS = ("gamma", "lambda_", "grad_clip")
+
+
+def _key(var, critic_name: str, optimizer_vars: set, steps) -> str:
+    path = var.path
+    if var is steps:
+        return "trainer/steps"
+    if id(var) in optimizer_vars:
+        # `adam/<critic>_mlp_dense_0_kernel_momentum` -> `optimizer/critic_mlp_dense_0_kernel_momentum`
+        name = path.split("/", 1)[-1]
+        if name.startswith(critic_name + "_"):
+            name = "critic_" + name[len(critic_name) + 1 :]
+        return "optimizer/" + name
+    if path.startswith(critic_name + "/"):
+        path = path[len(critic_name) + 1 :]
+    return "critic/" + path
+
+
+def keyed_variables(trainer) -> Dict[str, object]:
+    """`{key: variable}` for every state variable of `trainer`, keys independent of names given by the user."""
+    critic_name = trainer.critic.name
+    optimizer_vars = {id(v) for v in trainer.optimizer.variables}
+    out = {}
+    for var in trainer.state_variables:
+        key = _key(var, critic_name, optimizer_vars, trainer.steps)
+        if key in out:
+            raise ValueError(f"checkpoint: two state variables share the key {key!r}; cannot save this trainer.")
+        out[key] = var
+    return out
+
+
+def _legacy_keys(trainer, meta) -> List[str]:
+    """Keys for format-1 arrays (stored by position with their full variable paths)."""
+    critic_name = meta["critic_config"].get("name", "critic")
+    keys = []
+    for path in meta["state_paths"]:
+        if path == "critic_trainer_steps":
+            keys.append("trainer/steps")
+        elif path.startswith(critic_name + "/"):
+            keys.append("critic/" + path[len(critic_name) + 1 :])
+        else:
+            name = path.split("/", 1)[-1]
+            if name.startswith(critic_name + "_"):
+                name = "critic_" + name[len(critic_name) + 1 :]
+            keys.append("optimizer/" + name)
+    return keys
 
 
 def _to_numpy(var):
     return np.array(keras.ops.convert_to_numpy(var.value))
 
 
-def save(trainer, path) -> str:
-    """Writes `trainer`'s full state to `path` (`.npz` is appended if missing)."""
-    path = os.fspath(path)
-    if not path.endswith(".npz"):
-        path += ".npz"
-    arrays = {f"state_{i:04d}": _to_numpy(v) for i, v in enumerate(trainer.state_variables)}
-    meta = {
+def _meta(trainer) -> dict:
+    return {
         "format": FORMAT,
         "critic_config": trainer.critic.get_config(),
         "trainer_options": trainer.options(),
         "optimizer": keras.optimizers.serialize(trainer.optimizer),
-        "state_paths": [v.path for v in trainer.state_variables],
     }
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
-    os.replace(tmp, path)  # never leave a half-written checkpoint behind
-    return path
+
+
+def save(trainer, path) -> str:
+    """Writes `trainer`'s full state to `path` (`.npz` is appended if missing); returns the path."""
+    path = os.fspath(path)
+    if not path.endswith(".npz"):
+        path += ".npz"
+    arrays = {key: _to_numpy(var) for key, var in keyed_variables(trainer).items()}
+    meta = json.dumps(_meta(trainer), default=str)
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            np.savez(f, meta=np.array(meta), **arrays)
+
+    return integrity.write_sealed(path, write, ".npz")
+
+
+def _read(path):
+    what = "path"
+    data, sealed = integrity.read_file(path, what)
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            names = list(archive.files)
+            if "meta" not in names:
+                raise ValueError("it has no 'meta' entry")
+            meta = json.loads(str(archive["meta"][()]))
+            arrays = {name: archive[name] for name in names if name != "meta"}
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as err:
+        raise ValueError(f"path: {os.fspath(path)!r} is not a readable multicritic trainer checkpoint ({err}).") from err
+    if not isinstance(meta, dict):
+        raise ValueError(f"path: {os.fspath(path)!r}: its metadata is a {type(meta).__name__}, expected a JSON object.")
+    fmt = meta.get("format")
+    if fmt != FORMAT and fmt not in LEGACY_FORMATS:
+        raise ValueError(f"path: {os.fspath(path)!r} has format {fmt!r}, expected {FORMAT!r}.")
+    if fmt == FORMAT and not sealed:
+        raise ValueError(f"path: {os.fspath(path)!r} has no SHA-256 seal (truncated, or not written by multicritic).")
+    for key, kind in (("critic_config", dict), ("trainer_options", dict), ("optimizer", dict)):
+        if not isinstance(meta.get(key), kind):
+            raise ValueError(
+                f"path: {os.fspath(path)!r}: metadata {key!r} is {type(meta.get(key)).__name__}, expected a JSON object."
+            )
+    if fmt in LEGACY_FORMATS:
+        paths = meta.get("state_paths")
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise ValueError(f"path: {os.fspath(path)!r}: metadata 'state_paths' is not a list of strings.")
+        by_position = [f"state_{i:04d}" for i in range(len(paths))]
+        if sorted(arrays) != sorted(by_position):
+            raise ValueError(f"path: {os.fspath(path)!r}: holds arrays {sorted(arrays)[:4]}..., expected {len(paths)} state arrays.")
+        return meta, fmt, arrays, by_position
+    return meta, fmt, arrays, None
 
 
 def load(trainer, path) -> None:
     """Restores a state written by `save` into `trainer`; all or nothing."""
-    path = os.fspath(path)
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            meta = json.loads(str(archive["meta"]))
-            arrays = [archive[f"state_{i:04d}"] for i in range(len(meta["state_paths"]))]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as err:
-        raise ValueError(f"path: {path!r} is not a readable multicritic trainer checkpoint ({err}).") from err
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"path: {path!r} has format {meta.get('format')!r}, expected {FORMAT!r}.")
-    want = trainer.critic.get_config()
-    for key in SHAPE_KEYS:
-        if meta["critic_config"].get(key) != want.get(key):
-            raise ValueError(
-                f"path: {path!r} holds a critic with {key}={meta['critic_config'].get(key)!r}, "
-                f"expected {key}={want.get(key)!r} (this trainer's critic)."
-            )
-    variables = trainer.state_variables
-    if len(arrays) != len(variables):
+    meta, fmt, arrays, by_position = _read(path)
+    where = f"path: {os.fspath(path)!r}"
+    critic_diff = integrity.config_differences(
+        {k: v for k, v in meta["critic_config"].items()},
+        trainer.critic.get_config(),
+        IGNORED_CRITIC_KEYS,
+    )
+    if critic_diff:
+        raise ValueError(f"{where} holds another critic configuration: {'; '.join(critic_diff)}.")
+    saved_options = {k: meta["trainer_options"].get(k) for k in MATH_OPTIONS}
+    options = {k: trainer.options().get(k) for k in MATH_OPTIONS}
+    option_diff = integrity.config_differences(saved_options, options)
+    if option_diff:
+        raise ValueError(f"{where} was saved with other trainer options: {'; '.join(option_diff)}.")
+    saved_opt, opt = meta["optimizer"], keras.optimizers.serialize(trainer.optimizer)
+    if saved_opt.get("class_name") != opt.get("class_name"):
         raise ValueError(
-            f"path: {path!r} holds {len(arrays)} state arrays, expected {len(variables)} "
-            f"(is the optimizer the same kind? saved: {meta['optimizer'].get('class_name')})."
+            f"{where} holds a {saved_opt.get('class_name')} optimizer state, this trainer has a {opt.get('class_name')}."
         )
-    for var, array, saved_path in zip(variables, arrays, meta["state_paths"]):
-        if tuple(array.shape) != tuple(var.shape):
-            raise ValueError(
-                f"path: {path!r}: {saved_path} has shape {list(array.shape)}, expected {list(var.shape)} ({var.path})."
-            )
-    for var, array in zip(variables, arrays):
-        var.assign(array.astype(keras.backend.standardize_dtype(var.dtype)))
+    opt_diff = integrity.config_differences(
+        saved_opt.get("config") or {}, json.loads(json.dumps(opt.get("config") or {}, default=str)), ("name",)
+    )
+    if opt_diff:
+        raise ValueError(f"{where} holds an optimizer configured otherwise: {'; '.join(opt_diff)}.")
+    if by_position is not None:
+        arrays = dict(zip(_legacy_keys(trainer, meta), (arrays[name] for name in by_position)))
+    variables = keyed_variables(trainer)
+    expected = {
+        key: (tuple(var.shape), keras.backend.standardize_dtype(var.dtype)) for key, var in variables.items()
+    }
+    checked = integrity.check_arrays(where, arrays, expected)
+    for key, var in variables.items():
+        var.assign(checked[key])

@@ -12,6 +12,7 @@ here along its batch axis; XLA (GSPMD) inserts the gradient all-reduce.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import keras
 from keras import StatelessScope
 
@@ -53,12 +54,28 @@ def apply_gradients(optimizer, grads, variables):
         var.assign(value)
 
 
+def update_if(ok, update, variables):
+    """Runs `update` (which assigns `variables`) and keeps the new values only where `ok` is true.
+
+    Inside the step's StatelessScope: XLA has no conditional assignment, so
+    both values exist and a select picks one (a pass over the weights).
+    """
+    old = [v.value for v in variables]
+    update()
+    for var, value in zip(variables, old):
+        var.assign(jnp.where(ok, var.value, value))
+
+
 def make_train_function(trainer, loss_fn, batch_axis):
     variables = trainer.state_variables
     trainable = trainer.critic.trainable_variables
     n_trainable = len(trainable)
 
-    def step(state, batch):
+    n_critic = len(trainable) + len(trainer.critic.non_trainable_variables)
+
+    def step(critic_state, optimizer_state, batch):
+        state = list(critic_state) + list(optimizer_state)
+
         def scaled_loss(trainable_values):
             mapping = list(zip(variables, list(trainable_values) + list(state[n_trainable:])))
             with StatelessScope(state_mapping=mapping):
@@ -74,18 +91,20 @@ def make_train_function(trainer, loss_fn, batch_axis):
             new_state.append(old if value is None else value)
         return new_state, metrics
 
-    # Donating the state lets XLA update the weights in place.
-    compiled = jax.jit(step, donate_argnums=0)
+    # Donating the optimizer's state lets XLA update it in place. The critic's
+    # weights are not donated: other threads may be reading them (forward
+    # passes, `predict_function`, a `var.value` held by the caller).
+    compiled = jax.jit(step, donate_argnums=1)
 
     def run(*batch):
         state, seen = [], set()
-        for var in variables:
+        for i, var in enumerate(variables):
             value = var.value
-            if id(value) in seen:  # one buffer cannot be donated twice
+            if i >= n_critic and id(value) in seen:  # one buffer cannot be donated twice
                 value = value.copy()
             seen.add(id(value))
             state.append(value)
-        new_state, metrics = compiled(state, _shard_batch(batch, batch_axis))
+        new_state, metrics = compiled(state[:n_critic], state[n_critic:], _shard_batch(batch, batch_axis))
         for var, value in zip(variables, new_state):
             var.assign(value)
         return metrics

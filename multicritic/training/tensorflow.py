@@ -26,6 +26,16 @@ def apply_gradients(optimizer, grads, variables):
     optimizer.apply(grads, variables)
 
 
+def update_if(ok, update, variables):
+    """Runs `update` (which assigns `variables`) only when the boolean tensor `ok` is true: a `tf.cond`."""
+
+    def run():
+        update()
+        return tf.constant(True)
+
+    tf.cond(ok, run, lambda: tf.constant(False))
+
+
 def _distributed_train_function(trainer, loss_fn, batch_axis, strategy):
     trainable = trainer.critic.trainable_variables
     replicas = strategy.num_replicas_in_sync

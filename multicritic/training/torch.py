@@ -34,6 +34,15 @@ def apply_gradients(optimizer, grads, variables):
     optimizer.apply(grads, variables)
 
 
+def update_if(ok, update, variables):
+    """Runs `update` (which assigns `variables`) only when the boolean tensor `ok` is true.
+
+    Eager PyTorch reads the flag on the host: skipping costs nothing.
+    """
+    if bool(ok):
+        update()
+
+
 def make_train_function(trainer, loss_fn, batch_axis):
     trainable = trainer.critic.trainable_variables
     if trainer._forward == trainer.critic.apply_network:

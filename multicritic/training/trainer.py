@@ -9,6 +9,7 @@ gradients are taken and how the step is compiled on their backend.
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Callable, Dict, Optional
 
 import keras
@@ -20,7 +21,7 @@ from multicritic.critic import CriticNetwork
 from multicritic.losses import critic_loss
 from multicritic.returns import dream_loss_weights, lambda_returns
 from multicritic.training import checkpoint
-from multicritic.validation import as_float32, fmt
+from multicritic.validation import as_float32, fmt, number
 
 
 def backend_module():
@@ -55,11 +56,25 @@ def global_norm(tensors):
     return ops.sqrt(sum(ops.sum(t * t) for t in tensors))
 
 
-def _as_float32(x):
-    """Host data as a float32 numpy array (its finiteness is checked on the host), tensors as float32 tensors."""
+def _as_float32(x, name="x"):
+    """Host data as a float32 numpy array (its values are checked on the host), tensors as float32 tensors
+    cut from any autograd graph they carry (nothing outside the critic may receive gradients)."""
+    if x is None or isinstance(x, (str, bytes)):
+        raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
     if isinstance(x, (np.ndarray, list, tuple, float, int, np.generic)):
-        return np.asarray(x, dtype=np.float32)
-    return as_float32(x)
+        try:
+            array = np.asarray(x)
+        except ValueError as err:  # ragged nested lists
+            raise ValueError(f"{name}: got a {type(x).__name__} that is not a rectangular array ({err}).") from None
+        if array.dtype.kind not in "fiub":
+            raise ValueError(f"{name}: got an array of dtype {array.dtype}, expected real numbers.")
+        return array.astype(np.float32, copy=False)
+    if not ops.is_tensor(x):
+        raise ValueError(f"{name}: got a {type(x).__name__}, expected an array or a backend tensor.")
+    kind = keras.backend.standardize_dtype(x.dtype)
+    if not kind.startswith(("float", "int", "uint", "bool")):
+        raise ValueError(f"{name}: got a tensor of dtype {kind}, expected real numbers.")
+    return ops.stop_gradient(as_float32(x))
 
 
 class CriticTrainer:
@@ -125,12 +140,19 @@ class CriticTrainer:
             raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork.")
         if not critic.built:
             raise ValueError("critic: not built yet; call it once on a batch (or give its input sizes) first.")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma: got {gamma!r}, expected a number in [0, 1].")
-        if not 0.0 <= lambda_ <= 1.0:
-            raise ValueError(f"lambda_: got {lambda_!r}, expected a number in [0, 1].")
-        if grad_clip is not None and not grad_clip > 0:
-            raise ValueError(f"grad_clip: got {grad_clip!r}, expected a positive number or None.")
+        if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ValueError(
+                f"optimizer: got {optimizer!r}, expected a keras.optimizers.Optimizer instance or None "
+                "(None: Adam with learning_rate and epsilon)."
+            )
+        gamma = number("gamma", gamma, low=0.0, high=1.0)
+        lambda_ = number("lambda_", lambda_, low=0.0, high=1.0)
+        grad_clip = number("grad_clip", grad_clip, low=0.0, low_open=True, allow_none=True)
+        learning_rate = number("learning_rate", learning_rate, low=0.0, low_open=True)
+        epsilon = number("epsilon", epsilon, low=0.0, low_open=True)
+        for name, flag in (("jit_compile", jit_compile), ("check_finite", check_finite)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"{name}: got {flag!r}, expected True or False.")
         self.critic = critic
         if optimizer is None:
             optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
@@ -148,6 +170,9 @@ class CriticTrainer:
         self.steps = keras.Variable(0, dtype="int32", trainable=False, name="critic_trainer_steps")
         self._backend = backend_module()
         self._compiled: Dict[str, Callable] = {}
+        # One step at a time: a second thread gets a clear error, not a
+        # half-updated state (or, on JAX, donated buffers).
+        self._lock = threading.Lock()
         # The critic's forward pass; a backend may route it through its
         # data-parallel engine (PyTorch DDP).
         self._forward = critic.apply_network
@@ -178,16 +203,24 @@ class CriticTrainer:
     def save(self, path) -> str:
         """Saves the critic (fast and EMA), optimizer slots and step counter to one `.npz`
         file that loads on any backend; returns the path written."""
-        return checkpoint.save(self, path)
+        with self._lock:
+            return checkpoint.save(self, path)
 
     def restore(self, path) -> None:
         """Restores a `save`d state, so a resumed run continues exactly where it stopped.
 
+        Everything is checked before the first variable changes: the file's
+        SHA-256 seal, its metadata, the critic's config, the trainer options
+        that change the math (`gamma`, `lambda_`, `grad_clip`), the
+        optimizer's class and config, and every array (keyed by variable
+        path: none missing, none extra, shapes, dtypes, finite values).
+
         Raises:
-            ValueError: for an unreadable file, another critic size or bucket
-                count, or another optimizer layout; nothing is changed then.
+            ValueError: naming what differs or what is damaged; nothing is
+                changed then.
         """
-        checkpoint.load(self, path)
+        with self._lock:
+            checkpoint.load(self, path)
 
     # ------------------------------------------------------------------
     # The step's math, shared by all backends.
@@ -216,6 +249,8 @@ class CriticTrainer:
         )
         if regularize:
             losses["ema_value_gap"] = ops.mean(ops.abs(ops.stop_gradient(value) - ema_value))
+        # Negative (or NaN) weights would turn descent into ascent: such a step is skipped.
+        losses["invalid_inputs"] = ops.sum(ops.cast(ops.logical_not(loss_weights >= 0.0), "float32"))
         return losses["total"], losses
 
     def _dream_loss(self, h, z, rewards, continues):
@@ -238,6 +273,8 @@ class CriticTrainer:
         ema = (time_major(ema_value)[:-1], time_major(ema_logits)[:-1]) if need_ema else None
         total, losses = self._loss_parts(None, None, targets, weights, fast=fast, ema=ema)
         losses["value_target_mean"] = ops.mean(targets)
+        outside = ops.logical_not(ops.logical_and(continues >= 0.0, continues <= 1.0))
+        losses["invalid_inputs"] = losses["invalid_inputs"] + ops.sum(ops.cast(outside, "float32"))
         return total, losses
 
     def _loss_scale(self):
@@ -249,7 +286,14 @@ class CriticTrainer:
         return self.optimizer.scale_loss(loss)
 
     def _apply(self, grads, losses):
-        """Clip, update, EMA: shared by every backend (assignments via `Variable.assign`)."""
+        """Clip, update, EMA: shared by every backend (assignments via `Variable.assign`).
+
+        All or nothing: with non-finite gradients or invalid inputs (see
+        `invalid_inputs`) the weights, the EMA copy, the optimizer's slots
+        and the step counter stay as they were (`step_skipped` = 1). Under a
+        loss-scale optimizer, the optimizer still sees non-finite gradients,
+        so that it lowers its scale (and skips its own update).
+        """
         critic = self.critic
         grads = [as_float32(g) for g in grads]
         scale = self._loss_scale()
@@ -259,32 +303,48 @@ class CriticTrainer:
         metrics = dict(losses)
         metrics["grad_norm"] = norm
         finite = ops.isfinite(norm)
+        inputs_ok = ops.equal(losses["invalid_inputs"], 0.0)
+        ok = ops.logical_and(finite, inputs_ok)
         metrics["nonfinite_grads"] = 1.0 - ops.cast(finite, "float32")
+        metrics["step_skipped"] = 1.0 - ops.cast(ok, "float32")
         if self.grad_clip is not None:
             # tf.clip_by_global_norm's factor (the reference's clipping).
             factor = self.grad_clip * ops.minimum(1.0 / norm, 1.0 / self.grad_clip)
             grads = [g * factor for g in grads]
-        if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            # Non-finite gradients become zeros, not poisoned weights (the
-            # loss-scale optimizer skips such steps itself).
-            grads = [ops.where(finite, g, 0.0) for g in grads]
-        self._backend.apply_gradients(self.optimizer, grads, critic.trainable_variables)
-        self.steps.assign(self.steps + 1)
-        if critic.ema_update_period == 1:
-            critic.update_ema()
+        backend = self._backend
+
+        def optimizer_step():
+            backend.apply_gradients(self.optimizer, grads, critic.trainable_variables)
+
+        def bookkeeping():
+            self.steps.assign(self.steps + 1)
+            if critic.ema_update_period == 1:
+                critic.update_ema()
+            else:
+                due = ops.equal(self.steps % critic.ema_update_period, 0)
+                critic.update_ema(decay=ops.where(due, critic.ema_decay, 1.0))
+
+        optimizer_state = list(critic.trainable_variables) + list(self.optimizer.variables)
+        bookkeeping_state = [self.steps] + list(critic.non_trainable_variables)
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            backend.update_if(inputs_ok, optimizer_step, optimizer_state)
+            backend.update_if(ok, bookkeeping, bookkeeping_state)
         else:
-            due = ops.equal(self.steps % critic.ema_update_period, 0)
-            critic.update_ema(decay=ops.where(due, critic.ema_decay, 1.0))
+            backend.update_if(ok, lambda: (optimizer_step(), bookkeeping()), optimizer_state + bookkeeping_state)
         return metrics
 
     # ------------------------------------------------------------------
     # Input checks, outside the compiled step.
 
     def _inputs(self, named, lead_rank):
-        """Converts to float32 and checks shapes and finiteness before anything changes."""
+        """Converts to float32 and checks shapes, sizes and values before anything changes."""
         critic = self.critic
-        arrays = {name: _as_float32(x) for name, x in named.items()}
-        lead = tuple(arrays["h"].shape[:lead_rank])
+        arrays = {name: _as_float32(x, name) for name, x in named.items()}
+        h_shape = tuple(arrays["h"].shape)
+        if len(h_shape) != lead_rank + 1:
+            axes = "[N, gru_units]" if lead_rank == 1 else "[H+1, B, gru_units]"
+            raise ValueError(f"h: got shape {fmt(h_shape)}, expected {axes} with gru_units={critic.gru_units}.")
+        lead = h_shape[:lead_rank]
         want = {
             "h": lead + (critic.gru_units,),
             "z": lead + (critic.num_z_categoricals, critic.num_z_classes),
@@ -294,20 +354,50 @@ class CriticTrainer:
         for name, x in arrays.items():
             if tuple(x.shape) != want[name]:
                 raise ValueError(f"{name}: got shape {fmt(tuple(x.shape))}, expected {fmt(want[name])}.")
+        if 0 in lead:
+            raise ValueError(f"h: got shape {fmt(h_shape)}, an empty batch; expected at least one row.")
+        host = {name: x for name, x in arrays.items() if isinstance(x, np.ndarray)}
         if self.check_finite:
-            for name, x in arrays.items():
-                if isinstance(x, np.ndarray) and not np.isfinite(x).all():
+            for name, x in host.items():
+                if not np.isfinite(x).all():
                     raise ValueError(
                         f"{name}: got {int((~np.isfinite(x)).sum())} non-finite value(s) in an array of shape "
                         f"{fmt(x.shape)}, expected finite values."
                     )
+        if "continues" in host and not ((host["continues"] >= 0) & (host["continues"] <= 1)).all():
+            x = host["continues"]
+            raise ValueError(
+                f"continues: got values in [{np.nanmin(x):g}, {np.nanmax(x):g}], expected continue flags or "
+                "probabilities in [0, 1]."
+            )
+        if "loss_weights" in host and not (host["loss_weights"] >= 0).all():
+            raise ValueError(
+                f"loss_weights: got {int((~(host['loss_weights'] >= 0)).sum())} negative value(s), expected "
+                "weights >= 0 (a negative weight turns descent into ascent)."
+            )
         return [x if keras.ops.is_tensor(x) else ops.convert_to_tensor(x) for x in arrays.values()]
 
-    def _run(self, kind, loss_fn, batch, batch_axis):
-        fn = self._compiled.get(kind)
-        if fn is None:
-            fn = self._compiled[kind] = self._backend.make_train_function(self, loss_fn, batch_axis)
-        return fn(*batch)
+    def _run(self, kind, loss_fn, named, lead_rank, batch_axis):
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                "CriticTrainer: another thread is running a step, save or restore on this trainer; "
+                "one trainer takes one step at a time (use one trainer per thread, or a lock)."
+            )
+        try:
+            if not self.critic.trainable or not self.critic.trainable_variables:
+                raise ValueError(
+                    "critic: has no trainable variables (critic.trainable is False); set critic.trainable = True "
+                    "to train it."
+                )
+            batch = self._inputs(named, lead_rank)
+            if kind == "dream" and batch[0].shape[0] < 2:
+                raise ValueError(f"h: got shape {fmt(tuple(batch[0].shape))}, expected [H+1, B, ...] with H >= 1.")
+            fn = self._compiled.get(kind)
+            if fn is None:
+                fn = self._compiled[kind] = self._backend.make_train_function(self, loss_fn, batch_axis)
+            return fn(*batch)
+        finally:
+            self._lock.release()
 
     # ------------------------------------------------------------------
     # Public steps.
@@ -324,8 +414,8 @@ class CriticTrainer:
         Returns:
             The metrics dict (see the class docstring).
         """
-        batch = self._inputs({"h": h, "z": z, "value_targets": value_targets, "loss_weights": loss_weights}, 1)
-        return self._run("direct", self._loss_parts, batch, 0)
+        named = {"h": h, "z": z, "value_targets": value_targets, "loss_weights": loss_weights}
+        return self._run("direct", self._loss_parts, named, 1, 0)
 
     def train_on_dream(self, h, z, rewards, continues) -> Dict[str, object]:
         """One update from a dreamed trajectory batch, as RLlib's DreamerV3 learner.
@@ -345,7 +435,5 @@ class CriticTrainer:
         Returns:
             The metrics dict, plus `value_target_mean`.
         """
-        batch = self._inputs({"h": h, "z": z, "rewards": rewards, "continues": continues}, 2)
-        if batch[0].shape[0] < 2:
-            raise ValueError(f"h: got shape {fmt(tuple(batch[0].shape))}, expected [H+1, B, ...] with H >= 1.")
-        return self._run("dream", self._dream_loss, batch, 1)
+        named = {"h": h, "z": z, "rewards": rewards, "continues": continues}
+        return self._run("dream", self._dream_loss, named, 2, 1)

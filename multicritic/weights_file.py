@@ -1,0 +1,106 @@
+"""The critic's `.weights.h5` files: sealed and self-describing when written, checked in full before loading.
+
+`save` writes Keras's own `.weights.h5` layout plus the critic's config (a
+root attribute) and a SHA-256 seal (`multicritic.integrity`), so Keras and
+h5py read it as usual. `load` reads the file once, checks the seal, the
+config (when the file carries one), the set of arrays, every shape, dtype
+and value (finite), and only then lets Keras assign the weights. A `.keras`
+archive is read the same way (its zip CRCs guard its bytes).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import zipfile
+from typing import Dict, Tuple
+
+import h5py
+import numpy as np
+
+from multicritic import integrity
+
+CONFIG_ATTR = "multicritic_config"
+IGNORED_CONFIG_KEYS = ("name", "dtype", "trainable")
+
+
+def _datasets(h5file) -> Dict[str, np.ndarray]:
+    out = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            out[name] = obj[()]
+
+    h5file.visititems(visit)
+    return out
+
+
+def _layout(critic, save) -> Dict[str, Tuple[Tuple[int, ...], str]]:
+    """`{dataset path: (shape, dtype)}` of the file Keras writes for `critic`."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "layout.weights.h5")
+        save(path)
+        with h5py.File(path, "r") as f:
+            return {name: (tuple(a.shape), str(a.dtype)) for name, a in _datasets(f).items()}
+
+
+def save(critic, path, save_fn) -> str:
+    """Keras's `save_weights` (as `save_fn`), plus the config attribute and the seal; atomic."""
+    path = os.fspath(path)
+    if not path.endswith(".weights.h5"):
+        raise ValueError(f"filepath: got {path!r}, expected a name ending in '.weights.h5'.")
+    config = json.dumps(critic.get_config(), default=str)
+
+    def write(tmp):
+        save_fn(tmp)
+        with h5py.File(tmp, "a") as f:
+            f.attrs[CONFIG_ATTR] = config
+
+    return integrity.write_sealed(path, write, ".weights.h5")
+
+
+def _read(path):
+    """`(h5 bytes, saved config or None)` from a `.weights.h5` or `.keras` file, integrity checked."""
+    data, sealed = integrity.read_file(path, "filepath")
+    name = os.fspath(path)
+    if name.endswith(".keras"):
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                config = json.loads(archive.read("config.json")).get("config")
+                return archive.read("model.weights.h5"), config, True
+        except (zipfile.BadZipFile, KeyError, ValueError, EOFError, OSError) as err:
+            raise ValueError(f"filepath: {name!r} is not a readable .keras archive ({err}).") from err
+    return data, None, sealed
+
+
+def load(critic, path, save_fn, load_fn) -> None:
+    """Checks `path` in full against `critic`, then loads it with Keras's `load_weights` (`load_fn`)."""
+    name = os.fspath(path)
+    where = f"filepath: {name!r}"
+    h5_bytes, config, sealed = _read(path)
+    try:
+        with h5py.File(io.BytesIO(h5_bytes), "r") as f:
+            if CONFIG_ATTR in f.attrs:
+                config = json.loads(f.attrs[CONFIG_ATTR])
+                if not sealed:
+                    raise ValueError(f"{where} was written by multicritic but has no seal (truncated or altered).")
+            arrays = _datasets(f)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        if isinstance(err, ValueError) and str(err).startswith(where):
+            raise
+        raise ValueError(f"{where} is not a readable weights file ({err}).") from err
+    if config is not None:
+        if not isinstance(config, dict):
+            raise ValueError(f"{where}: its saved config is a {type(config).__name__}, expected a JSON object.")
+        diff = integrity.config_differences(config, json.loads(json.dumps(critic.get_config(), default=str)),
+                                            IGNORED_CONFIG_KEYS)
+        if diff:
+            raise ValueError(f"{where} holds another critic configuration: {'; '.join(diff)}.")
+    integrity.check_arrays(where, arrays, _layout(critic, save_fn))
+    with tempfile.TemporaryDirectory() as folder:
+        checked = os.path.join(folder, "checked.weights.h5")
+        with open(checked, "wb") as f:
+            f.write(h5_bytes)
+        load_fn(checked)
