@@ -51,8 +51,9 @@ def _distributed_train_function(trainer, loss_fn, batch_axis, strategy):
     def step(*batch):
         grads, losses = strategy.run(replica_step, args=batch)
         grads = [strategy.reduce(sum_, g, axis=None) for g in grads]
-        # Per-replica means average; the non-finite count adds up.
-        losses = {k: strategy.reduce(sum_ if k == "nonfinite_targets" else mean, v, axis=None) for k, v in losses.items()}
+        # Per-replica means average; counts add up.
+        counts = ("nonfinite_targets", "invalid_inputs")
+        losses = {k: strategy.reduce(sum_ if k in counts else mean, v, axis=None) for k, v in losses.items()}
         return trainer._apply(grads, losses)
 
     def run(*batch):
