@@ -34,6 +34,8 @@ def check_critic_options(ema_decay, ema_update_period, ema_regularizer_weight, e
 
 def _real_tensor(name, x, dtype):
     """`x` as a backend tensor; integer and boolean inputs become `dtype`, anything else non-real is refused."""
+    if isinstance(x, keras.KerasTensor):
+        return x
     if x is None or isinstance(x, (str, bytes)):
         raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
     if not ops.is_tensor(x):
@@ -241,6 +243,11 @@ class CriticNetwork(keras.Model):
             layer.trainable = False
         self.built = True
         self.init_ema()
+
+    def __call__(self, h, z, *args, **kwargs):
+        # Before Keras's own checks, which refuse lists and name no argument.
+        dtype = self.compute_dtype
+        return super().__call__(_real_tensor("h", h, dtype), _real_tensor("z", z, dtype), *args, **kwargs)
 
     def call(self, h, z, use_ema=False):
         h = _real_tensor("h", h, self.compute_dtype)

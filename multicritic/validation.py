@@ -43,12 +43,13 @@ def number(name: str, value, *, low=None, high=None, low_open=False, allow_none=
     else a `ValueError` naming `name`. Booleans and strings are refused."""
     if value is None and allow_none:
         return None
-    span = []
-    if low is not None:
-        span.append(f"{'>' if low_open else '>='} {low}")
-    if high is not None:
-        span.append(f"<= {high}")
-    want = "a finite number" + (" " + " and ".join(span) if span else "") + (" or None" if allow_none else "")
+    if low is not None and high is not None:
+        span = f" in {'(' if low_open else '['}{low:g}, {high:g}]"
+    elif low is not None:
+        span = f" {'>' if low_open else '>='} {low:g}"
+    else:
+        span = ""
+    want = f"a finite number{span}" + (" or None" if allow_none else "")
     if isinstance(value, (bool, str, bytes)) or value is None:
         raise ValueError(f"{name}: got {value!r}, expected {want}.")
     try:

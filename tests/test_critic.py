@@ -202,7 +202,7 @@ def test_bad_input_on_lazy_build_leaves_critic_unbuilt():
         ({"num_buckets": 1}, "num_buckets: got 1"),
         ({"lower_bound": 1.0, "upper_bound": -1.0}, "lower_bound/upper_bound"),
         ({"lower_bound": 1.0, "upper_bound": 1.0}, "lower_bound/upper_bound"),
-        ({"ema_decay": 1.5}, r"ema_decay: got 1.5, expected a number in \[0, 1\]"),
+        ({"ema_decay": 1.5}, r"ema_decay: got 1.5, expected a finite number in \[0, 1\]"),
         ({"ema_decay": -0.1}, "ema_decay"),
         ({"bin_scheme": "linear"}, "bin_scheme"),
         ({"ema_update_period": 0}, "ema_update_period"),

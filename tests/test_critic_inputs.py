@@ -1,0 +1,81 @@
+"""The critic refuses what it cannot use, naming the argument, and converts what it can (findings 9, 11, 20)."""
+
+import keras
+import numpy as np
+import pytest
+
+from multicritic import CriticNetwork
+from tests.conftest import random_inputs, randomize, to_np
+
+
+@pytest.fixture
+def critic():
+    c = CriticNetwork(model_size="nano")
+    randomize(c, seed=1)
+    return c
+
+
+def test_integer_h_does_not_truncate_a_soft_z(critic):
+    """Finding 11: `critic(int32 h, float z)` cast z to int (a soft z became 0)."""
+    h, z = random_inputs(critic, 4)
+    h_int = np.round(h * 3).astype("int32")
+    want_v, want_l = critic(h_int.astype("float32"), z)
+    for h_in in (h_int, keras.ops.convert_to_tensor(h_int)):
+        got_v, got_l = critic(h_in, z)
+        np.testing.assert_array_equal(to_np(got_v), to_np(want_v))
+        np.testing.assert_array_equal(to_np(got_l), to_np(want_l))
+    # One-hot z as integers works too.
+    zi = (z > 0.5).astype("int32")
+    np.testing.assert_array_equal(to_np(critic(h, zi)[1]), to_np(critic(h, zi.astype("float32"))[1]))
+
+
+def test_nested_lists_are_arrays(critic):
+    h, z = random_inputs(critic, 2)
+    got = to_np(critic(h.tolist(), z.tolist())[0])
+    np.testing.assert_allclose(got, to_np(critic(h, z)[0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "h, z, match",
+    [
+        (None, "z", r"h: got None, expected a real-valued array"),
+        ("h", "abc", r"z: got 'abc', expected a real-valued array"),
+        ([["a"] * 16], "z", r"h: got an array of dtype <U1, expected real numbers"),
+        ("h", [[[1.0] * 4] * 4, [[1.0] * 4] * 3], r"z: got a list that is not an array"),
+    ],
+)
+def test_unusable_inputs_name_the_argument(critic, h, z, match):
+    h0, z0 = random_inputs(critic, 2)
+    h = h0 if isinstance(h, str) and h == "h" else h
+    z = z0 if isinstance(z, str) and z == "z" else z
+    with pytest.raises(ValueError, match=match):
+        critic(h, z)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"ema_decay": "abc"}, r"ema_decay: got 'abc', expected a finite number in \[0, 1\]"),
+        ({"ema_decay": float("nan")}, r"ema_decay: got nan"),
+        ({"ema_regularizer_weight": float("inf")}, r"ema_regularizer_weight: got inf, expected a finite number >= 0"),
+        ({"ema_update_period": 1.5}, r"ema_update_period: got 1.5, expected an integer >= 1"),
+        ({"ema_update_period": "2"}, r"ema_update_period: got '2'"),
+        ({"ema_regularizer": ["two_hot_mean"]}, r"ema_regularizer: got \['two_hot_mean'\]"),
+        ({"model_size": ["XS"]}, r"model_size: got \['XS'\], expected one of"),
+        ({"model_size": None, "gru_units": "8"}, r"gru_units: got '8', expected an integer >= 1"),
+    ],
+)
+def test_bad_constructor_arguments_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CriticNetwork(**kwargs)
+
+
+@pytest.mark.parametrize("decay", [2.0, -0.5, float("nan"), "0.5"])
+def test_update_ema_refuses_a_decay_outside_the_unit_interval(critic, decay):
+    for v in critic.fast_weights:
+        v.assign(v.value + 1.0)
+    before = [to_np(v).copy() for v in critic.ema_weights]
+    with pytest.raises(ValueError, match=r"decay: got"):
+        critic.update_ema(decay=decay)
+    for v, b in zip(critic.ema_weights, before):
+        np.testing.assert_array_equal(to_np(v), b)
