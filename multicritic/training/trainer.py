@@ -44,7 +44,7 @@ def predict_function(critic: CriticNetwork, use_ema: bool = False) -> Callable:
     run = backend_module().make_predict_function(critic, bool(use_ema))
 
     def predict(h, z):
-        h, z = ops.convert_to_tensor(_as_float32(h)), ops.convert_to_tensor(_as_float32(z))
+        h, z = ops.convert_to_tensor(_as_float32(h, "h")), ops.convert_to_tensor(_as_float32(z, "z"))
         critic._check_inputs(h.shape, z.shape)
         return run(h, z)
 
