@@ -64,6 +64,9 @@ def make_train_function(trainer, loss_fn, batch_axis):
         grads = [p.grad for p in params]
         with torch.no_grad():
             losses = {k: v.detach() for k, v in losses.items()}
+            if getattr(trainer, "ddp", None) is not None:
+                # Every process must take the same skip-or-update decision.
+                torch.distributed.all_reduce(losses["invalid_inputs"])
             return apply(grads, losses)
 
     return step
