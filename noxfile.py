@@ -40,7 +40,7 @@ def _make_session(name: str, spec: dict):
             f"sys.exit(0 if b == {spec['backend']!r} else 'wrong backend: ' + b)",
             env=env,
         )
-        s.run("pytest", *spec.get("pytest_args", []), *s.posargs, env=env)
+        s.run("pytest", *_flat(spec.get("pytest_args", [])), *s.posargs, env=env)
 
     session.__name__ = name.replace("-", "_")
     session.__doc__ = f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(_flat(spec['packages']))})."

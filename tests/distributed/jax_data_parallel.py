@@ -34,6 +34,12 @@ print(
             "max_weight_diff": max(float(np.abs(a - b).max()) for a, b in zip(single_w, multi_w)),
             "max_loss_diff": max(abs(a["total"] - b["total"]) for a, b in zip(single_m, multi_m)),
             "max_grad_norm_rel": max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(single_m, multi_m)),
+            # Every metric, relative to max(1, |single-device value|), as the TensorFlow test.
+            "metric_keys_equal": all(set(a) == set(b) for a, b in zip(single_m, multi_m)),
+            "metric_diffs": {
+                k: max(abs(a[k] - b[k]) / max(1.0, abs(a[k])) for a, b in zip(single_m, multi_m) if k in a and k in b)
+                for k in single_m[-1]
+            },
         }
     )
 )

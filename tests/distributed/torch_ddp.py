@@ -3,6 +3,7 @@
 import datetime
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -30,25 +31,29 @@ def train(rank, world, port, out_dir, fail_rank=None):
     if rank == 1:  # DDP must broadcast rank 0's weights, EMA copy included
         weights = [w + 1.0 for w in weights]
     critic.set_weights(weights)
-    trainer = CriticTrainer(critic, learning_rate=1e-3)
-    losses = []
-    for kind, axis in (("direct", 0), ("dream", 1)):
-        for step, batch in enumerate(batches(kind)):
-            if rank == fail_rank and kind == "dream":
-                raise RuntimeError(f"injected failure on rank {rank}")
-            metrics = trainer.train_step(*split(batch, world, rank, axis)) if kind == "direct" else trainer.train_on_dream(
-                *split(batch, world, rank, axis)
-            )
-            total = metrics["total"].detach().clone()
-            if world > 1:
-                torch.distributed.all_reduce(total)
-                total /= world
-            losses.append(float(total))
-    np.savez(
-        os.path.join(out_dir, f"rank{rank}_of{world}.npz"),
-        losses=np.array(losses),
-        **{f"w{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(critic.weights)},
-    )
+    trainer = CriticTrainer(critic, learning_rate=1e-3, check_finite=False)
+    # As the TensorFlow test: one direct batch with a non-finite target in
+    # each rank's half, so the per-rank counts must add up to the global one.
+    h, z, targets, loss_weights = batches("direct")[0]
+    targets = targets.copy()
+    targets[[1, 12]] = np.nan
+    steps = [("direct", 0, b) for b in batches("direct") + [(h, z, targets, loss_weights)]]
+    steps += [("dream", 1, b) for b in batches("dream")]
+    # Every metric of every step as this rank saw it (the test combines the
+    # ranks' per-slice values), and the weights, fast and EMA, at the end.
+    out = {}
+    for step, (kind, axis, batch) in enumerate(steps):
+        if rank == fail_rank and kind == "dream":
+            # The other rank is now waiting in DDP's gradient all-reduce; the
+            # test times how long the launcher takes to raise from here.
+            with open(os.path.join(out_dir, f"failed_rank{rank}.time"), "w") as f:
+                f.write(repr(time.time()))
+            raise RuntimeError(f"injected failure on rank {rank}")
+        part = split(batch, world, rank, axis)
+        metrics = trainer.train_step(*part) if kind == "direct" else trainer.train_on_dream(*part)
+        out.update({f"m{step}_{k}": np.asarray(keras.ops.convert_to_numpy(v)) for k, v in metrics.items()})
+    out.update({f"w{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(critic.weights)})
+    np.savez(os.path.join(out_dir, f"rank{rank}_of{world}.npz"), steps=len(steps), **out)
     if world > 1:
         torch.distributed.destroy_process_group()
 
