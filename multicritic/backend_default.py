@@ -3,29 +3,126 @@
 Keras falls back to TensorFlow when neither KERAS_BACKEND nor keras.json
 names a backend; on a JAX- or PyTorch-only install that import would fail.
 Nothing changes when a backend is chosen or when Keras is already imported.
+
+When this process is the `multicritic` command (the console script or
+`python -m multicritic`), `select()` instead hands the command line to
+`multicritic.cli.preflight`, which checks every flag and the backend
+(`--backend`, KERAS_BACKEND, keras.json) before Keras is imported, and exits
+with one line on stderr and code 2 on a bad one. `multicritic/__init__.py`
+calls `select()` before it imports Keras, and importing `multicritic.cli`
+runs it, so this is the one place where that can happen first.
+
+No Keras here (and nothing that imports it).
 """
+
+from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import sys
+from typing import List, Optional, Tuple
+
+SUPPORTED = ("tensorflow", "torch", "jax")
+PREFERENCE = ("jax", "torch", "tensorflow")  # when Keras's configured backend is missing
+
+
+def installed(name: str) -> bool:
+    """Whether `name` is an importable top-level module (without importing it)."""
+    if not name or not name.isidentifier():
+        return False
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def keras_config_path() -> str:
+    """Where Keras reads keras.json (its own rule: KERAS_HOME, else ~/.keras, else /tmp/.keras)."""
+    if "KERAS_HOME" in os.environ:
+        home = os.environ["KERAS_HOME"]
+    else:
+        base = os.path.expanduser("~")
+        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+    return os.path.expanduser(os.path.join(home, "keras.json"))
 
 
 def _configured_backend() -> str:
-    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    """The backend keras.json names; Keras's default "tensorflow" without one."""
     try:
-        with open(os.path.join(home, "keras.json")) as f:
-            return json.load(f).get("backend", "tensorflow")
+        with open(keras_config_path()) as f:
+            config = json.load(f)
     except (OSError, ValueError):
         return "tensorflow"
+    backend = config.get("backend", "tensorflow") if isinstance(config, dict) else "tensorflow"
+    return backend if isinstance(backend, str) else "tensorflow"
+
+
+def default_backend() -> Tuple[str, str]:
+    """The backend `import keras` uses after `select()` when KERAS_BACKEND is
+    unset, and where that choice comes from (for error messages)."""
+    configured = _configured_backend()
+    where = keras_config_path() if os.path.exists(keras_config_path()) else "Keras's default"
+    if installed(configured):
+        return configured, where
+    for name in PREFERENCE:
+        if installed(name):
+            return name, f"the first installed of {', '.join(PREFERENCE)} ({where}: {configured!r} is not installed)"
+    return configured, where
+
+
+def _module_after_dash_m(orig_argv: List[str]) -> Optional[str]:
+    """The module of `python [options] -m MODULE ...`, else None."""
+    args = iter(orig_argv[1:])
+    for arg in args:
+        if arg == "-" or not arg.startswith("-"):
+            return None  # a script or stdin
+        if arg.startswith("--"):
+            if arg == "--check-hash-based-pycs":
+                next(args, None)
+            continue
+        flags = arg[1:]
+        for i, flag in enumerate(flags):
+            if flag == "m":
+                return flags[i + 1 :] or next(args, None)
+            if flag == "c":
+                return None
+            if flag in "WX":  # options with a value: -Wdefault, -W default
+                if not flags[i + 1 :]:
+                    next(args, None)
+                break
+    return None
+
+
+def cli_argv() -> Optional[List[str]]:
+    """The command-line arguments when this process is the `multicritic`
+    command (`multicritic ...` or `python -m multicritic ...`), else None."""
+    argv = sys.argv
+    if not argv:
+        return None
+    if argv[0] == "-m":
+        # `python -m X`: argv[0] is "-m" while X's packages are imported.
+        if _module_after_dash_m(list(getattr(sys, "orig_argv", []))) == "multicritic":
+            return list(argv[1:])
+        return None
+    script = re.sub(r"(-script\.pyw?|\.exe)$", "", os.path.basename(argv[0]))
+    if script == "multicritic":
+        return list(argv[1:])
+    return None
 
 
 def select() -> None:
-    if "keras" in sys.modules or os.environ.get("KERAS_BACKEND"):
+    if "keras" in sys.modules:
         return
-    if importlib.util.find_spec(_configured_backend()) is not None:
+    argv = cli_argv()
+    if argv is not None:
+        from multicritic.cli import preflight
+
+        preflight(argv)  # sets KERAS_BACKEND, or exits with one line on stderr and code 2
         return
-    for name in ("jax", "torch", "tensorflow"):
-        if importlib.util.find_spec(name) is not None:
-            os.environ["KERAS_BACKEND"] = name
-            return
+    if os.environ.get("KERAS_BACKEND"):
+        return
+    name, _ = default_backend()
+    if name != _configured_backend():
+        os.environ["KERAS_BACKEND"] = name

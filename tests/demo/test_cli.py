@@ -1,20 +1,51 @@
 import json
 import os
-import subprocess
+import shutil
 import sys
 
-import keras
-import numpy as np
 import pytest
 
 from multicritic.cli import main
 from multicritic.demo.run import DemoConfig, run_demo
 from tests.conftest import BACKEND
+from tests.demo.fake_env import (
+    FAKE_KERAS_LINE,
+    blocking_site,
+    noisy_site,
+    run,
+    run_cli,
+    with_pythonpath,
+)
+
+ALL_BACKENDS = ("tensorflow", "torch", "jax")
 
 
-def run_cli(*args, env=None, timeout=600):
-    env = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "multicritic", *args], capture_output=True, text=True, env=env, timeout=timeout)
+def one_error_line(result) -> str:
+    """The command refused its input: exit code 2 and exactly one line on
+    stderr in total (no log line of a backend, no traceback)."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("multicritic: error: "), lines[0]
+    assert result.stdout == ""
+    return lines[0]
+
+
+def other_backend() -> str:
+    """A backend this session does not run on (installed or not)."""
+    return next(b for b in ALL_BACKENDS if b != BACKEND)
+
+
+@pytest.fixture(scope="module")
+def noisy(tmp_path_factory):
+    """PYTHONPATH with a Keras that cannot be imported (exit 99) and a TensorFlow
+    that prints absl/oneDNN lines on import, as on some CPUs (as env variables)."""
+    return {"PYTHONPATH": with_pythonpath(noisy_site(tmp_path_factory.mktemp("noisy"))), "MULTICRITIC_TEST_BLOCK": ""}
+
+
+@pytest.fixture(scope="module")
+def blocking(tmp_path_factory):
+    return with_pythonpath(blocking_site(tmp_path_factory.mktemp("blocking")))
 
 
 def test_tiny_demo_learns_every_scale():
@@ -48,31 +79,118 @@ def test_demo_command_writes_json_and_plot(tmp_path):
         (["demo", "--json", "/nonexistent-dir/x.json"], "--json: cannot write '/nonexistent-dir/x.json'"),
         (["demo", "--bin-scheme", "log"], "--bin-scheme: got 'log'"),
         (["demo", "--steps", "0"], "--steps: got 0"),
+        (["demo", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
+        (["demo", "--seed", "-1"], "--seed: got -1, expected an integer in [0, 4294967295]"),
+        (["demo", "--seed", "4294967296"], "--seed: got 4294967296, expected an integer in [0, 4294967295]"),
+        (["demo", "--scales", "inf"], "--scales: got inf, expected finite numbers > 0"),
+        (["demo", "--scales", "1,nan"], "--scales: got nan, expected finite numbers > 0"),
+        (["demo", "--scales", "1,-1e3"], "--scales: got -1000.0, expected finite numbers > 0"),
+        (["demo", "--scales", "0"], "--scales: got 0.0, expected finite numbers > 0"),
+        (["demo", "--scales", "1,,2"], "--scales: got '1,,2', expected comma-separated numbers"),
+        (["demo", "--scales", "1e39"], "--scales: got 1e+39, whose exact values reach 3.75e+39, outside the critic's value support +-4.85e+08"),
+        (["demo", "--scales", "1,1e9"], "--scales: got 1e+09, whose exact values reach 3.75e+09"),
+        (["demo", "--scales", "1e-7"], "--scales: got 1e-07, expected scales >= 1e-06"),
+        (["demo", "--plot", "out.xyz"], "--plot: 'out.xyz' has extension '.xyz', expected one of .eps"),
+        (["demo", "--plot", "out"], "--plot: 'out' has no extension"),
+        (["demo", "--json", "same.png", "--plot", "same.png"], "--json and --plot: both got 'same.png'"),
+        (["demo", "--json", "/"], "--json: got '/', expected a file path"),
         (["check", "--backends", "mxnet"], "--backends: got 'mxnet'"),
+        (["check", "--backends", ","], "--backends: got ',', expected comma-separated names from"),
+        (["check", "--backends", f"{BACKEND},{BACKEND}"], f"which names {BACKEND!r} twice"),
+        (["check", "--backends", BACKEND, "--perturb", "mxnet"], "--perturb: got 'mxnet'"),
         (["frobnicate"], "invalid choice"),
     ],
 )
-def test_clear_one_line_errors(args, message, capsys):
+def test_clear_one_line_errors(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("multicritic: error: ") and message in err
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("multicritic: error: ") and message in err, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert captured.out == ""  # refused before any work: not even the banner
+    assert list(tmp_path.iterdir()) == []  # and nothing written
 
 
-def test_uninstalled_backend_is_a_one_line_error():
-    missing = [b for b in ("tensorflow", "torch", "jax") if __import__("importlib").util.find_spec(b) is None]
-    if not missing:
-        pytest.skip("every backend is installed here")
-    result = run_cli("demo", "--backend", missing[0], "--steps", "1")
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"multicritic: error: --backend: {missing[0]!r} is not installed")
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["demo", "--seed", "-1"], {}, "--seed: got -1"),
+        (["demo", "--seed", "4294967296"], {}, "--seed: got 4294967296"),
+        (["demo", "--scales", "inf"], {}, "--scales: got inf"),
+        (["demo", "--scales", "1e39"], {}, "--scales: got 1e+39"),
+        (["demo", "--plot", "out.xyz"], {}, "--plot: 'out.xyz' has extension '.xyz'"),
+        (["demo", "--steps", "0"], {}, "--steps: got 0"),
+        (["demo", "--backend", "mxnet"], {}, "--backend: got 'mxnet'"),
+        (["demo"], {"KERAS_BACKEND": "nonsense"}, "KERAS_BACKEND: got 'nonsense', expected one of"),
+        (["demo"], {"KERAS_BACKEND": "numpy"}, "KERAS_BACKEND: got 'numpy', expected one of"),
+        (["check"], {"KERAS_BACKEND": "nonsense"}, "KERAS_BACKEND: got 'nonsense', expected one of"),
+        (["check", "--backends", ","], {}, "--backends: got ',', expected comma-separated names"),
+        (["frobnicate"], {}, "invalid choice"),
+    ],
+)
+def test_refused_before_keras_or_tensorflow_is_imported(args, env, message, noisy):
+    """Finding 21: on some CPUs TensorFlow prints absl/oneDNN lines at import.
+    Here a fake TensorFlow always does, and a fake Keras exits with code 99:
+    the error must come first, alone, with exit code 2."""
+    env = {"KERAS_BACKEND": "tensorflow", **noisy, **env}
+    line = one_error_line(run_cli(*args, env=env, timeout=120))
+    assert message in line
+
+
+def test_console_script_refuses_before_importing_keras(noisy):
+    script = shutil.which("multicritic", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("no `multicritic` console script next to this Python")
+    env = {"KERAS_BACKEND": "tensorflow", **noisy}
+    line = one_error_line(run([script, "demo", "--seed", "-1"], env=env))
+    assert line.startswith("multicritic: error: --seed: got -1")
+    # The fake Keras really is what Keras resolves to in these subprocesses.
+    imported = run_cli("demo", "--steps", "1", env=env)
+    assert imported.returncode == 99 and FAKE_KERAS_LINE in imported.stderr
+
+
+def test_keras_json_backend_is_checked_too(noisy, tmp_path):
+    (tmp_path / "keras.json").write_text(json.dumps({"backend": "numpy"}))
+    line = one_error_line(run_cli("demo", env={**noisy, "KERAS_HOME": str(tmp_path)}, unset=["KERAS_BACKEND"]))
+    assert "the Keras backend from " in line and "keras.json: got 'numpy', expected one of" in line
+
+
+def test_uninstalled_backend_is_a_one_line_error(blocking):
+    """Finding 21 (`.ci/run` on another CPU): the error is the only stderr line,
+    whatever the CPU, because nothing is imported before it."""
+    missing = other_backend()
+    env = {"PYTHONPATH": blocking, "MULTICRITIC_TEST_BLOCK": missing}
+    line = one_error_line(run_cli("demo", "--backend", missing, "--steps", "1", env=env))
+    assert line.startswith(f"multicritic: error: --backend: {missing!r} is not installed")
+    line = one_error_line(run_cli("check", "--backends", f"{BACKEND},{missing}", env=env))
+    assert line.startswith(f"multicritic: error: --backends: {missing!r} is not installed")
+    # Without --backend, an uninstalled KERAS_BACKEND is refused the same way.
+    line = one_error_line(run_cli("demo", "--steps", "1", env=dict(env, KERAS_BACKEND=missing)))
+    assert line.startswith(f"multicritic: error: KERAS_BACKEND: {missing!r} is not installed")
+    assert "or pass --backend" in line
+
+
+def test_backend_flag_wins_over_an_uninstalled_keras_backend(blocking, tmp_path):
+    """KERAS_BACKEND names a backend that is not installed, --backend one that
+    is: the command decides before importing Keras and runs on --backend."""
+    missing = other_backend()
+    out = tmp_path / "demo.json"
+    env = {"PYTHONPATH": blocking, "MULTICRITIC_TEST_BLOCK": missing, "KERAS_BACKEND": missing}
+    result = run_cli("demo", "--backend", BACKEND, "--size", "nano", "--steps", "2", "--scales", "1",
+                     "--no-progress", "--json", str(out), env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"multicritic demo: backend {BACKEND}," in result.stdout
+    assert json.loads(out.read_text())["backend"] == BACKEND
 
 
 def test_check_passes_and_detects_a_perturbed_backend():
     ok = run_cli("check", "--backends", BACKEND)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert BACKEND in ok.stdout and "ok" in ok.stdout
+    row = next(line for line in ok.stdout.splitlines() if line.startswith(f"{BACKEND} "))
+    # One backend: the train step has nothing to be compared with, and says so.
+    assert row.split()[5:] == ["n/a"] * 4 + ["ok", "(forward", "only)"], row
+    assert "train step: NOT checked" in ok.stdout
     bad = run_cli("check", "--backends", BACKEND, "--perturb", BACKEND)
     assert bad.returncode == 1
     assert "MISMATCH" in bad.stdout
@@ -88,3 +206,29 @@ def test_check_agrees_across_all_installed_backends():
     assert result.returncode == 0, result.stdout + result.stderr
     for backend in installed_backends():
         assert f"{backend:<11}" in result.stdout
+    assert "NOT checked" not in result.stdout and "n/a" not in result.stdout
+
+
+def test_every_plot_format_offered_is_one_matplotlib_writes():
+    pytest.importorskip("matplotlib")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from multicritic.cli import PLOT_FORMATS
+
+    assert set(PLOT_FORMATS) <= set(FigureCanvasBase.get_supported_filetypes())
+    assert {"png", "pdf", "svg"} <= set(PLOT_FORMATS) and "pgf" not in PLOT_FORMATS  # pgf needs LaTeX
+
+
+@pytest.mark.cross_backend
+def test_main_in_process_reruns_the_demo_on_another_backend(tmp_path, capfd):
+    from multicritic.check import installed_backends
+
+    others = [b for b in ("jax", "torch", "tensorflow") if b in installed_backends() and b != BACKEND]
+    if not others:
+        pytest.skip("needs a second backend installed")
+    out = tmp_path / "demo.json"
+    code = main(["demo", "--backend", others[0], "--size", "nano", "--steps", "2", "--scales", "1", "--no-progress",
+                 "--json", str(out)])
+    assert code == 0, capfd.readouterr().err
+    assert json.loads(out.read_text())["backend"] == others[0]
+    assert f"multicritic demo: backend {others[0]}," in capfd.readouterr().out
