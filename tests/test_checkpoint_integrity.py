@@ -257,34 +257,29 @@ def fuzz_targets():
     return CriticNetwork(**SMALL), critic_and_trainer(seed=8)[1]
 
 
+def _refused_unchanged(original, damage, path, load, state):
+    broken = _damage(original, *damage)
+    if broken == original:
+        return
+    path.write_bytes(broken)
+    before = state()
+    with pytest.raises(ValueError):
+        load(path)
+    for a, b in zip(state(), before):
+        np.testing.assert_array_equal(a, b)
+
+
 @FUZZ
 @given(damage=damage)
 def test_fuzzed_weights_files_are_refused_with_weights_unchanged(saved_files, fuzz_targets, damage):
     original, _, folder = saved_files
-    broken = _damage(original, *damage)
-    path = folder / "broken.weights.h5"
-    path.write_bytes(broken)
-    target = fuzz_targets[0]
-    before = weights_of(target)
-    if broken == original:
-        return
-    with pytest.raises(ValueError):
-        target.load_weights(path)
-    assert_same(target, before)
+    critic = fuzz_targets[0]
+    _refused_unchanged(original, damage, folder / "broken.weights.h5", critic.load_weights, lambda: weights_of(critic))
 
 
 @FUZZ
 @given(damage=damage)
 def test_fuzzed_trainer_checkpoints_are_refused_with_state_unchanged(saved_files, fuzz_targets, damage):
     _, original, folder = saved_files
-    broken = _damage(original, *damage)
-    path = folder / "broken.npz"
-    path.write_bytes(broken)
     trainer = fuzz_targets[1]
-    before = trainer_state(trainer)
-    if broken == original:
-        return
-    with pytest.raises(ValueError):
-        trainer.restore(path)
-    for a, b in zip(trainer_state(trainer), before):
-        np.testing.assert_array_equal(a, b)
+    _refused_unchanged(original, damage, folder / "broken.npz", trainer.restore, lambda: trainer_state(trainer))
