@@ -8,9 +8,33 @@ Two bin schemes are supported:
   and the decoded value is `sum(probs * buckets)` in symlog space.
 - `"symexp"` (the 2024 revision of the paper): the same uniform grid mapped
   through `symexp` and stored in real space; targets are interpolated in real
-  space, so decoding a two-hot target gives back the target exactly, and the
-  decode sums symmetric pairs of buckets so that a uniform distribution
-  decodes to exactly 0.
+  space, so decoding a two-hot target gives back the target to float32
+  rounding.
+
+Numerics, the same on every backend, eager or compiled:
+
+- With symmetric bounds (`lower_bound == -upper_bound`) the decode treats the
+  support as antisymmetric, so a symmetric distribution (a uniform one
+  included) decodes to exactly 0 under both schemes, whatever order a
+  compiler sums in (see `expected_value`).
+- `"symexp"` round trip (two-hot, then decode): relative error below 1e-6
+  for every value down to the smallest normal float32, both signs, unless
+  the value lies between two buckets of opposite signs (even `num_buckets`
+  or asymmetric bounds): there float32 weights near 1/2 resolve it only to
+  about 2^-24 times the bracket's width, absolutely.
+- `"uniform_symlog"` two-hot weights are RLlib's, bit for bit (`w_kp1 = 1 -
+  w_k`), so its round trip (in symlog space) has RLlib's accuracy: an
+  absolute error below 2^-23 times the bucket spacing (1.9e-8 by default),
+  so a relative one below 1e-6 only down to |value| of about 0.01 (by
+  default; 1/16 of the spacing).
+- Values beyond the bounds, +-inf included, clip to the end buckets. NaN in
+  host data (numpy, Python numbers) raises a `ValueError`; backend tensors
+  are not checked (that would be a host sync, and is impossible inside a
+  compiled function): a NaN gets the in-range bucket pair (0, 1) with
+  both weights NaN, so its dense two-hot row is NaN there and 0 elsewhere.
+- Supports are finite and strictly increasing in float32: `check_bin_args`
+  refuses |bound| above `SYMLOG_LIMIT` (88.72, where symexp overflows
+  float32) and bucket tables that float32 cannot keep increasing.
 
 Every function here is pure `keras.ops` and runs eagerly or inside
 `tf.function`, `jax.jit` and `torch.compile` alike.
@@ -25,9 +49,13 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic.validation import as_float32
+from multicritic.validation import as_float32, fmt
 
 BIN_SCHEMES = ("uniform_symlog", "symexp")
+
+# symexp(x) overflows float32 beyond log1p(float32 max) = 88.7228...: a bound
+# past it has no finite real-space end (the loss takes symexp of the bounds).
+SYMLOG_LIMIT = math.log1p(float(np.finfo(np.float32).max))
 
 
 def _constant(table):
@@ -64,6 +92,11 @@ def inverse_symlog(y):
 symexp = inverse_symlog
 
 
+def _beyond_symlog_limit(bound):
+    # As float32 holds the bound: rounding can carry 88.722839 past the limit.
+    return abs(bound) > SYMLOG_LIMIT + 1.0 or abs(float(np.float32(bound))) > SYMLOG_LIMIT
+
+
 def check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme="uniform_symlog"):
     """Raises a `ValueError` for bucket arguments no support can be built from."""
     if isinstance(num_buckets, bool) or int(num_buckets) != num_buckets or num_buckets < 2:
@@ -72,6 +105,12 @@ def check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme="uniform_sy
         raise ValueError(
             f"lower_bound/upper_bound: got ({lower_bound!r}, {upper_bound!r}), "
             "expected finite bounds with lower_bound < upper_bound."
+        )
+    if _beyond_symlog_limit(lower_bound) or _beyond_symlog_limit(upper_bound):
+        raise ValueError(
+            f"lower_bound/upper_bound: got ({lower_bound!r}, {upper_bound!r}), expected |bound| <= "
+            f"{SYMLOG_LIMIT:.4f} (in float32): symexp of a bound, the support's real-space end, overflows "
+            "float32 beyond it."
         )
     if bin_scheme not in BIN_SCHEMES:
         raise ValueError(f"bin_scheme: got {bin_scheme!r}, expected one of {list(BIN_SCHEMES)}.")
@@ -94,6 +133,16 @@ _TABLES = {}
 _ARRAYS = {}  # numpy copies of the tables, by id (the tables live as long as the module)
 
 
+def _increasing(table, num_buckets, lower_bound, upper_bound):
+    # Equal neighbours would give two-hot weights of 0/0.
+    if not np.all(np.diff(table) > 0):
+        raise ValueError(
+            f"num_buckets/lower_bound/upper_bound: got ({num_buckets!r}, {lower_bound!r}, {upper_bound!r}), "
+            "expected a support float32 can hold strictly increasing (fewer buckets or wider bounds)."
+        )
+    return tuple(np.asarray(table, np.float32).tolist())
+
+
 def _bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme):
     key = (num_buckets, lower_bound, upper_bound, bin_scheme)
     if key not in _TABLES:
@@ -105,7 +154,23 @@ def _bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme):
             if lower_bound == -upper_bound:
                 # Exactly antisymmetric (and 0 in the middle), as published.
                 out = (out - out[::-1]) / 2.0
-        _TABLES[key] = tuple(np.asarray(out, np.float32).tolist())
+        _TABLES[key] = _increasing(np.asarray(out, np.float32), num_buckets, lower_bound, upper_bound)
+    return _TABLES[key]
+
+
+def _decode_table(num_buckets, lower_bound, upper_bound, bin_scheme):
+    """For symmetric bounds, `(lower, skew)` over the pairs of buckets around the
+    centre, `j < m = n // 2`: `lower[j] = -b[m-1-j]` and `skew[j] = b[n-m+j] - lower[j]`
+    (exact in float32; `None` where all zero, as for `"symexp"`). `None` otherwise."""
+    key = (num_buckets, lower_bound, upper_bound, bin_scheme, "decode")
+    if key not in _TABLES:
+        _TABLES[key] = None
+        if lower_bound == -upper_bound:
+            table = np.asarray(_bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme), np.float32)
+            m = num_buckets // 2
+            lower = -table[:m][::-1]
+            skew = table[num_buckets - m :] - lower  # two nearly equal float32: exact
+            _TABLES[key] = (tuple(lower.tolist()), tuple(skew.tolist()) if skew.any() else None)
     return _TABLES[key]
 
 
@@ -119,11 +184,15 @@ def bucket_values(
 
     Symlog space for `"uniform_symlog"` (`tf.linspace(lower, upper, n)`, bit
     for bit), real space for `"symexp"` (`symexp` of that grid, made exactly
-    antisymmetric when the bounds are).
+    antisymmetric when the bounds are). Also builds the support's other
+    tables, so that compiled functions (`torch.compile`) find them.
     """
     check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
-    table = _bucket_table(int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
-    return np.asarray(table, np.float32)
+    args = (int(num_buckets), float(lower_bound), float(upper_bound))
+    _decode_table(*args, bin_scheme)
+    if bin_scheme == "uniform_symlog":
+        _two_hot_grid(*args)
+    return np.asarray(_bucket_table(*args, bin_scheme), np.float32)
 
 
 def bucket_range(num_buckets=255, lower_bound=-20.0, upper_bound=20.0, bin_scheme="uniform_symlog"):
@@ -141,7 +210,7 @@ def _two_hot_grid(num_buckets, lower_bound, upper_bound):
     if key not in _TABLES:
         delta = np.float32((upper_bound - lower_bound) / (num_buckets - 1))
         grid = np.float32(lower_bound) + np.arange(num_buckets, dtype=np.float32) * delta
-        _TABLES[key] = (tuple(grid.tolist()), float(delta))
+        _TABLES[key] = (_increasing(grid, num_buckets, lower_bound, upper_bound), float(delta))
     return _TABLES[key]
 
 
@@ -151,6 +220,9 @@ def _uniform_indices(values, num_buckets, lower_bound, upper_bound):
     grid, delta = _two_hot_grid(num_buckets, lower_bound, upper_bound)
     values = ops.clip(values, lower_bound, upper_bound)
     idx = (values - lower_bound) / delta
+    # NaN gets the bucket pair (0, 1) and NaN weights (below): casting NaN to
+    # an integer is undefined, and an index out of range fails or wraps.
+    idx = ops.where(ops.isnan(idx), 0.0, idx)
     k = ops.floor(idx)
     kp1 = ops.ceil(idx)
     kp1 = ops.where(ops.equal(k, kp1), kp1 + 1.0, kp1)
@@ -174,6 +246,8 @@ def _real_space_indices(values_real, values_symlog, buckets, lower_bound, upper_
     values_real = ops.clip(values_real, buckets[0], buckets[-1])
     delta = (upper_bound - lower_bound) / (n - 1)
     guess = ops.floor((ops.clip(values_symlog, lower_bound, upper_bound) - lower_bound) / delta)
+    # NaN: the pair (0, 1) with NaN weights (the comparisons below are false).
+    guess = ops.where(ops.isnan(guess), 0.0, guess)
     k = ops.cast(ops.clip(guess, 0, n - 2), "int32")
     k = k - ops.cast(ops.take(table, k) > values_real, "int32")
     k = ops.clip(k, 0, n - 2)
@@ -181,8 +255,23 @@ def _real_space_indices(values_real, values_symlog, buckets, lower_bound, upper_
     k = ops.clip(k, 0, n - 2)
     b_k = ops.take(table, k)
     b_kp1 = ops.take(table, k + 1)
-    w_kp1 = ops.clip((values_real - b_k) / (b_kp1 - b_k), 0.0, 1.0)
-    return k, k + 1, 1.0 - w_kp1, w_kp1
+    # b_k <= value <= b_kp1, so both weights lie in [0, 1]. Each is its own
+    # distance over the width: as `1 - other` a weight below 2^-24 would
+    # round to 0 (a value of -1e-9 decoded to 0).
+    width = b_kp1 - b_k
+    return k, k + 1, (b_kp1 - values_real) / width, (values_real - b_k) / width
+
+
+def _check_no_nan(values):
+    # Host data only: checking a backend tensor would cost a device-to-host
+    # sync, and a compiled function cannot raise on a value.
+    if isinstance(values, (np.ndarray, np.generic, float, list, tuple)):
+        array = np.asarray(values)
+        if array.dtype.kind in "fc" and np.isnan(array).any():
+            raise ValueError(
+                f"values: got {int(np.isnan(array).sum())} NaN value(s) in an array of shape {fmt(array.shape)}, "
+                "expected numbers (values beyond the bounds, +-inf included, clip to the end buckets)."
+            )
 
 
 def two_hot_indices(
@@ -196,11 +285,13 @@ def two_hot_indices(
 ) -> Tuple:
     """The sparse form of `two_hot`: `(k, kp1, w_k, w_kp1)`, each shaped like `values`.
 
-    `k`, `kp1` are int32 bucket indices and `w_k + w_kp1 == 1`. `values` are in
-    symlog space, or in real space with `real_space=True` (which for the
-    `"symexp"` scheme avoids a symexp(symlog(x)) round trip).
+    `k`, `kp1` are int32 bucket indices, always in range, and
+    `w_k + w_kp1 == 1` (to float32 rounding). `values` are in symlog space,
+    or in real space with `real_space=True` (which for the `"symexp"` scheme
+    avoids a symexp(symlog(x)) round trip). NaN: as `two_hot`.
     """
     check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
+    _check_no_nan(values)
     values = as_float32(values)
     if bin_scheme == "uniform_symlog":
         if real_space:
@@ -224,7 +315,7 @@ def two_hot(
 
     Args:
         values: float tensor `[...]` of symlog-space values; values beyond
-            the bounds are clipped to them.
+            the bounds, +-inf included, are clipped to them.
         num_buckets: number of buckets (>= 2).
         lower_bound: symlog-space lower bound.
         upper_bound: symlog-space upper bound.
@@ -235,7 +326,13 @@ def two_hot(
         float32 tensor `[..., num_buckets]` with at most two adjacent non-zero
         entries that sum to 1; its expectation over the bucket support is the
         clipped value (in symlog space for `"uniform_symlog"`, in real space
-        for `"symexp"`).
+        for `"symexp"`; see the module docstring for the accuracy).
+
+    Raises:
+        ValueError: for host data (numpy arrays, Python numbers) holding NaN.
+            Backend tensors are not checked (a host sync, impossible inside
+            a compiled function): a NaN gives NaN at buckets 0 and 1 and 0
+            elsewhere, identically on every backend, eager or compiled.
 
     Example:
         `two_hot(0.1)` puts 0.365 on bucket 127 and 0.635 on bucket 128.
@@ -249,9 +346,13 @@ def two_hot(
         eq. 9-10; arXiv 2301.04104.
     """
     k, kp1, w_k, w_kp1 = two_hot_indices(values, num_buckets, lower_bound, upper_bound, bin_scheme)
-    # One-hot masks rather than a scatter: identical values (only zeros are
-    # added), and every backend fuses or vectorises it.
-    return ops.one_hot(k, num_buckets) * w_k[..., None] + ops.one_hot(kp1, num_buckets) * w_kp1[..., None]
+    # Selects rather than a scatter (every backend fuses or vectorises them)
+    # or one-hot products (0 * NaN would fill the row eagerly, but not where
+    # XLA rewrites the products as selects).
+    buckets = ops.arange(num_buckets, dtype="int32")
+    return ops.where(ops.equal(buckets, k[..., None]), w_k[..., None], 0.0) + ops.where(
+        ops.equal(buckets, kp1[..., None]), w_kp1[..., None], 0.0
+    )
 
 
 def expected_value(
@@ -263,24 +364,39 @@ def expected_value(
 ):
     """Decodes bucket probabilities `[..., num_buckets]` to a symlog-space value `[...]`.
 
-    `"uniform_symlog"`: `sum(probs * buckets)` (the reference). `"symexp"`:
-    `symlog` of the real-space mean, summed in symmetric pairs around the
-    centre bucket so that symmetric probabilities give exactly 0.
+    `"uniform_symlog"`: `sum(probs * buckets)` (the reference); `"symexp"`:
+    `symlog` of the real-space mean `sum(probs * buckets)`. With symmetric
+    bounds the sum runs over the pairs of buckets around the centre, and the
+    part both buckets of a pair share, `min(p_hi, p_lo)`, counts as 0:
+    a symmetric distribution decodes to exactly 0, and a two-hot target to
+    its value (to float32 rounding). This differs from the plain sum only by
+    the support's own asymmetry in float32 (none for `"symexp"`; below 1e-6
+    for the default `"uniform_symlog"` support, whose `tf.linspace` points
+    carry float32 rounding).
     """
     check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
-    buckets = _constant(_bucket_table(int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme))
+    args = (int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
     probs = ops.cast(probs, "float32")
-    if bin_scheme == "uniform_symlog":
-        return ops.sum(probs * buckets, axis=-1)
-    weighted = probs * buckets
-    m = num_buckets // 2
-    low = ops.flip(weighted[..., :m], axis=-1)
-    if num_buckets % 2:
-        mean = ops.sum(low + weighted[..., m + 1 :], axis=-1) + weighted[..., m]
+    pairs = _decode_table(*args)
+    if pairs is None:
+        mean = ops.sum(probs * _constant(_bucket_table(*args)), axis=-1)
     else:
-        mean = ops.sum(low + weighted[..., m:], axis=-1)
-    return symlog(mean)
+        m = num_buckets // 2
+        # Per pair, (p_hi - min) * b_hi + (p_lo - min) * b_lo with the middle
+        # bucket (0) left out, which is `diff * -b_lo + relu(diff) * skew`
+        # for `diff = p_hi - p_lo`. Each term of a symmetric pair is then
+        # exactly 0 however a compiler reorders or fuses the sum (a plain sum
+        # of `probs * buckets` under XLA decoded a uniform distribution to
+        # 0.15). Products and a sum, not a matmul: GPUs may run float32
+        # matmuls in TF32, at 1e-3 precision.
+        diff = probs[..., num_buckets - m :] - ops.flip(probs[..., :m], axis=-1)
+        lower, skew = pairs
+        terms = diff * _constant(lower)
+        if skew is not None:
+            terms = terms + ops.relu(diff) * _constant(skew)
+        mean = ops.sum(terms, axis=-1)
+    return mean if bin_scheme == "uniform_symlog" else symlog(mean)
+
 
 for _scheme in BIN_SCHEMES:  # the default tables, built outside any trace
-    _bucket_table(255, -20.0, 20.0, _scheme)
-_two_hot_grid(255, -20.0, 20.0)
+    bucket_values(255, -20.0, 20.0, _scheme)

@@ -116,9 +116,9 @@ def test_expected_value(scheme):
     else:
         want = ref.symlog(probs @ ref.symexp_buckets())
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # Symmetric bounds: pairs around the centre, so a uniform row is exactly 0.
     uniform = np.full((2, 255), 1 / 255, np.float32)
-    if scheme == "symexp":
-        np.testing.assert_array_equal(to_np(expected_value(uniform, bin_scheme=scheme)), 0.0)
+    np.testing.assert_array_equal(to_np(expected_value(uniform, bin_scheme=scheme)), 0.0)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -164,6 +164,9 @@ def test_indices_real_space_matches_symlog_space():
         ({"lower_bound": 3.0, "upper_bound": -3.0}, "lower_bound/upper_bound"),
         ({"lower_bound": -np.inf}, "lower_bound/upper_bound"),
         ({"bin_scheme": "uniform"}, "bin_scheme: got 'uniform'"),
+        ({"lower_bound": -100.0, "upper_bound": 100.0}, r"upper_bound: got \(-100.0, 100.0\), expected \|bound\|"),
+        ({"lower_bound": -3.0, "upper_bound": 88.7229}, r"\|bound\| <= 88.7228 \(in float32\): symexp of a bound"),
+        ({"lower_bound": 1.0, "upper_bound": 1.0000001}, "num_buckets/lower_bound/upper_bound: .*strictly increasing"),
     ],
 )
 def test_bad_arguments(kwargs, match):

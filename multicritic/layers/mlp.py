@@ -10,6 +10,34 @@ from keras import ops
 from multicritic.sizes import get_model_dims
 
 
+# Torch's fused LayerNorm: rows whose largest |x| exceeds this are scaled
+# down to it first; below it no sum of squares of a row of up to 2^14 units
+# (each centred value at most 2^57) overflows float32 (2^128).
+_ROW_LIMIT = 2.0**56
+# Written out: the variance of centred values times this is reduced too, for
+# rows whose plain variance overflows (2^-128 times the variance).
+_SMALL = 2.0**-64
+# The first Dense runs on its kernel times 2^-32, so its output cannot
+# overflow for any finite input (float32 holds |x| < 2^128); a power of two
+# scales float32 and bfloat16 products exactly, and the LayerNorm after it
+# gives the same output with epsilon * 2^-64. Not float16: its range is too
+# narrow for the scaled kernel (see `_fit_float16`).
+_FIRST_KERNEL_SCALE = 2.0**-32
+_FLOAT16_MAX = 65504.0
+_FLOAT16_ROW_LIMIT = 2.0**8
+
+
+def _fit_float16(x):
+    # Under float16 (largest value 65504) Keras's cast turns larger inputs
+    # into inf, and a row of inputs above ~1e3 overflows the first Dense.
+    # Clip to the largest float16, then scale rows whose largest |x| exceeds
+    # 2^8 down to it: the LayerNorm after the Dense ignores a row's scale
+    # but for epsilon. Rows within 2^8 are multiplied by exactly 1.
+    x = ops.clip(x, -_FLOAT16_MAX, _FLOAT16_MAX)
+    peak = ops.amax(ops.abs(x), axis=-1, keepdims=True)
+    return x * ops.stop_gradient(_FLOAT16_ROW_LIMIT / ops.maximum(peak, _FLOAT16_ROW_LIMIT))
+
+
 def layer_norm(x, gamma, beta, epsilon):
     """Layer normalisation over the last axis: `(x - mean) / sqrt(var + eps) * gamma + beta`.
 
@@ -17,16 +45,32 @@ def layer_norm(x, gamma, beta, epsilon):
     torch's fused kernel (kept there) but elsewhere computes the mean twice
     (`moments`), costing XLA two extra passes over the activations, about 10%
     of a large critic step; written out, XLA and Grappler fuse it to two.
+
+    Finite for any row whose sum is (the MLP keeps its rows below 2^100):
+    where the variance would overflow float32 (values past about 2^60) the
+    row is normalised by its exact scale (epsilon, which such a variance
+    dwarfs, aside). Other rows get the plain formula's bits.
     """
     if keras.backend.backend() == "torch":
+        # LayerNorm ignores a row's scale but for epsilon: rows past 2^56 are
+        # scaled down to it, others multiplied by exactly 1.
+        peak = ops.cast(ops.amax(ops.abs(x), axis=-1, keepdims=True), "float32")
+        x = x * ops.cast(ops.stop_gradient(_ROW_LIMIT / ops.maximum(peak, _ROW_LIMIT)), x.dtype)
         return ops.layer_normalization(x, gamma, beta, axis=-1, epsilon=epsilon)
     x = ops.cast(x, "float32") if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16") else x
     mean = ops.mean(x, axis=-1, keepdims=True)
     centered = x - mean
     variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+    # For rows whose variance overflows, that of `centered * 2^-64`: a
+    # sibling reduction, which XLA fuses into the same pass (a row maximum
+    # computed first, to scale by, cost 4% of an XS train step). The inner
+    # `where` keeps the unused branch's gradient free of 0 * inf.
+    fits = ops.isfinite(variance)
+    small = ops.mean(ops.square(centered * _SMALL), axis=-1, keepdims=True)
+    inv_std = ops.where(fits, ops.rsqrt(variance + epsilon), ops.rsqrt(ops.where(fits, 1.0, small)) * _SMALL)
     # Scaled per row first, then by gamma: grouping `rsqrt * gamma` instead
     # makes XLA's backward pass materialise that [B, units] outer product.
-    return centered * ops.rsqrt(variance + epsilon) * gamma + beta
+    return centered * inv_std * gamma + beta
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
@@ -136,10 +180,17 @@ class MLP(keras.layers.Layer):
         # Dense.call and LayerNormalization.call): one Keras layer call
         # instead of two per block, which is most of a small step's Python
         # time on PyTorch. Variables are autocast by this layer's call.
-        x = inputs
-        for dense, norm in zip(self.dense_layers, self.layer_normalizations):
-            x = ops.matmul(x, dense.kernel)
-            x = layer_norm(x, norm.gamma, norm.beta, norm.epsilon)
+        # Finite inputs give finite outputs: the first Dense cannot overflow
+        # (see `_FIRST_KERNEL_SCALE`, `_fit_float16`), nor can a LayerNorm's
+        # variance (see `layer_norm`).
+        float16 = self.compute_dtype == "float16"
+        x = _fit_float16(inputs) if float16 else inputs
+        for i, (dense, norm) in enumerate(zip(self.dense_layers, self.layer_normalizations)):
+            kernel, epsilon = dense.kernel, norm.epsilon
+            if i == 0 and not float16:
+                kernel, epsilon = kernel * _FIRST_KERNEL_SCALE, epsilon * _FIRST_KERNEL_SCALE**2
+            x = ops.matmul(x, kernel)
+            x = layer_norm(x, norm.gamma, norm.beta, epsilon)
             x = ops.silu(ops.cast(x, self.compute_dtype))
         if self.output_layer is not None:
             x = ops.matmul(x, self.output_layer.kernel) + self.output_layer.bias

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from multicritic.bins import bucket_values, check_bin_args, expected_value, two_hot
+from multicritic.bins import bucket_values, check_bin_args, expected_value
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
@@ -13,12 +13,13 @@ class RewardPredictorLayer(keras.layers.Layer):
     """Predicts a distribution over `num_buckets` value buckets and its mean.
 
     One `Dense(num_buckets)` whose kernel and bias start at zero, so a new head
-    predicts a uniform distribution and a value of 0 ("we initialize the
-    output weights of the reward predictor and critic to zeros", Hafner et
-    al. 2023). The head always computes in float32, whatever the dtype
-    policy: logits, buckets and the decoded value are float32 (the precision
-    contract under `mixed_bfloat16` / `mixed_float16`); its variables are
-    applied directly, as the MLP's.
+    predicts a uniform distribution and, with symmetric bounds, a value of
+    exactly 0, eager or compiled ("we initialize the output weights of the
+    reward predictor and critic to zeros", Hafner et al. 2023). The head
+    always computes in float32, whatever the dtype policy: logits, buckets
+    and the decoded value are float32 (the precision contract under
+    `mixed_bfloat16` / `mixed_float16`); its variables are applied directly,
+    as the MLP's.
 
     Args:
         num_buckets: number of buckets (>= 2; 255 in DreamerV3).
@@ -66,7 +67,6 @@ class RewardPredictorLayer(keras.layers.Layer):
         self.bin_scheme = bin_scheme
         # Build the bucket tables now, outside any compiled function.
         bucket_values(num_buckets, lower_bound, upper_bound, bin_scheme)
-        two_hot(0.0, num_buckets, lower_bound, upper_bound, bin_scheme)
         self.reward_buckets_layer = keras.layers.Dense(
             self.num_buckets,
             kernel_initializer="zeros",

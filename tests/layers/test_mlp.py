@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from multicritic import MLP
-from tests.conftest import to_np
+from multicritic.layers.mlp import layer_norm
+from tests.conftest import compiled, to_np
 from tests.numpy_reference import EPS_LN, sigmoid
 
 
@@ -53,3 +54,56 @@ def test_bad_input():
         MLP(model_size="huge")
     with pytest.raises(ValueError, match="output_layer_size"):
         MLP(model_size="nano", output_layer_size=0)
+
+
+def numpy_layer_norm(x, gamma, beta):
+    x = np.asarray(x, np.float64)
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + EPS_LN) * gamma + beta
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e17, 1e20, 1e30])
+def test_layer_norm_of_huge_rows_is_finite_and_exact(scale):
+    # Past about 2^60 the variance overflows float32; such rows are still
+    # normalised by their exact scale (epsilon aside, which they dwarf).
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(5, 16)) * scale).astype(np.float32)
+    gamma, beta = rng.normal(size=16).astype(np.float32), rng.normal(size=16).astype(np.float32)
+    g, b = keras.ops.convert_to_tensor(gamma), keras.ops.convert_to_tensor(beta)
+    fn = lambda x: layer_norm(x, g, b, 1e-3)  # noqa: E731
+    for mode, f in (("eager", fn), ("compiled", compiled(fn))):
+        got = to_np(f(keras.ops.convert_to_tensor(x)))
+        np.testing.assert_allclose(got, numpy_layer_norm(x, gamma, beta), rtol=2e-5, atol=2e-5, err_msg=mode)
+
+
+def test_mlp_of_huge_inputs_matches_float64():
+    # Exact for any finite input: the first Dense runs on its kernel times
+    # 2^-32 (and its LayerNorm on epsilon times 2^-64), which changes no bit
+    # for ordinary inputs, so it cannot overflow.
+    mlp = MLP(model_size=None, num_dense_layers=2, dense_hidden_units=12)
+    x = np.random.default_rng(0).normal(size=(7, 9))
+    mlp.build(x.shape)
+    randomize_weights(mlp)
+    for scale in (1e20, 1e36, 3e38):
+        xs = (x * scale).clip(-3.4e38, 3.4e38).astype(np.float32)
+        np.testing.assert_allclose(to_np(mlp(xs)), numpy_mlp(mlp, xs.astype(np.float64)), rtol=2e-5, atol=2e-5)
+
+
+def test_float16_mlp_saturates_instead_of_overflowing():
+    # float16 holds |x| <= 65504: rows above 2^8 are scaled down to it before
+    # the first Dense (whose output would overflow), and +-inf, what Keras's
+    # float16 cast makes of larger inputs, counts as 65504.
+    mlp = MLP(model_size=None, num_dense_layers=1, dense_hidden_units=12, dtype="mixed_float16")
+    x = np.random.default_rng(0).normal(size=(7, 9))
+    mlp.build(x.shape)
+    randomize_weights(mlp)
+    for scale in (1.0, 3e3, 6e4):
+        xs = (x * scale).clip(-65504, 65504).astype(np.float16)
+        np.testing.assert_allclose(to_np(mlp(xs)).astype(np.float64), numpy_mlp(mlp, xs.astype(np.float64)), atol=2e-2)
+    inf = np.where(x > 0, np.inf, -np.inf).astype(np.float16)
+    np.testing.assert_allclose(to_np(mlp(inf)), to_np(mlp(np.sign(x).astype(np.float16) * 65504)), atol=0)
+
+
+def randomize_weights(mlp, seed=1):
+    rng = np.random.default_rng(seed)
+    for v in mlp.weights:
+        v.assign(rng.normal(size=tuple(v.shape)).astype("float32"))
