@@ -49,7 +49,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic.validation import as_float32, fmt
+from multicritic.validation import as_float32, fmt, integer
 
 BIN_SCHEMES = ("uniform_symlog", "symexp")
 
@@ -99,8 +99,10 @@ def _beyond_symlog_limit(bound):
 
 def check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme="uniform_symlog"):
     """Raises a `ValueError` for bucket arguments no support can be built from."""
-    if isinstance(num_buckets, bool) or int(num_buckets) != num_buckets or num_buckets < 2:
-        raise ValueError(f"num_buckets: got {num_buckets!r}, expected an integer >= 2.")
+    integer("num_buckets", num_buckets, low=2)
+    for name, bound in (("lower_bound", lower_bound), ("upper_bound", upper_bound)):
+        if isinstance(bound, (bool, str, bytes)) or not isinstance(bound, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{name}: got {bound!r}, expected a finite number.")
     if not (math.isfinite(lower_bound) and math.isfinite(upper_bound)) or lower_bound >= upper_bound:
         raise ValueError(
             f"lower_bound/upper_bound: got ({lower_bound!r}, {upper_bound!r}), "
@@ -112,7 +114,7 @@ def check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme="uniform_sy
             f"{SYMLOG_LIMIT:.4f} (in float32): symexp of a bound, the support's real-space end, overflows "
             "float32 beyond it."
         )
-    if bin_scheme not in BIN_SCHEMES:
+    if not isinstance(bin_scheme, str) or bin_scheme not in BIN_SCHEMES:
         raise ValueError(f"bin_scheme: got {bin_scheme!r}, expected one of {list(BIN_SCHEMES)}.")
 
 

@@ -63,6 +63,11 @@ def test_unusable_inputs_name_the_argument(critic, h, z, match):
         ({"ema_regularizer": ["two_hot_mean"]}, r"ema_regularizer: got \['two_hot_mean'\]"),
         ({"model_size": ["XS"]}, r"model_size: got \['XS'\], expected one of"),
         ({"model_size": None, "gru_units": "8"}, r"gru_units: got '8', expected an integer >= 1"),
+        ({"num_buckets": None}, r"num_buckets: got None, expected an integer >= 2"),
+        ({"num_buckets": 2.5}, r"num_buckets: got 2.5, expected an integer >= 2"),
+        ({"lower_bound": "abc"}, r"lower_bound: got 'abc', expected a finite number"),
+        ({"upper_bound": None}, r"upper_bound: got None, expected a finite number"),
+        ({"bin_scheme": ["symexp"]}, r"bin_scheme: got \['symexp'\]"),
     ],
 )
 def test_bad_constructor_arguments_name_the_argument(kwargs, match):
