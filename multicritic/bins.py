@@ -161,9 +161,10 @@ def _bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme):
 
 
 def _decode_table(num_buckets, lower_bound, upper_bound, bin_scheme):
-    """For symmetric bounds, `(lower, skew)` over the pairs of buckets around the
-    centre, `j < m = n // 2`: `lower[j] = -b[m-1-j]` and `skew[j] = b[n-m+j] - lower[j]`
-    (exact in float32; `None` where all zero, as for `"symexp"`). `None` otherwise."""
+    """For symmetric bounds, `(table, skewed)` over the pairs of buckets around the
+    centre, `j < m = n // 2`: `table` holds `lower[j] = -b[m-1-j]`, then, if
+    `skewed`, `skew[j] = b[n-m+j] - lower[j]` (exact in float32; all zero for
+    `"symexp"`). `None` for asymmetric bounds."""
     key = (num_buckets, lower_bound, upper_bound, bin_scheme, "decode")
     if key not in _TABLES:
         _TABLES[key] = None
@@ -172,7 +173,8 @@ def _decode_table(num_buckets, lower_bound, upper_bound, bin_scheme):
             m = num_buckets // 2
             lower = -table[:m][::-1]
             skew = table[num_buckets - m :] - lower  # two nearly equal float32: exact
-            _TABLES[key] = (tuple(lower.tolist()), tuple(skew.tolist()) if skew.any() else None)
+            # One table (one host-to-device copy on PyTorch), skew appended where any.
+            _TABLES[key] = (tuple(lower.tolist()) + (tuple(skew.tolist()) if skew.any() else ()), bool(skew.any()))
     return _TABLES[key]
 
 
@@ -224,7 +226,7 @@ def _uniform_indices(values, num_buckets, lower_bound, upper_bound):
     idx = (values - lower_bound) / delta
     # NaN gets the bucket pair (0, 1) and NaN weights (below): casting NaN to
     # an integer is undefined, and an index out of range fails or wraps.
-    idx = ops.where(ops.isnan(idx), 0.0, idx)
+    idx = ops.nan_to_num(idx, nan=0.0)
     k = ops.floor(idx)
     kp1 = ops.ceil(idx)
     kp1 = ops.where(ops.equal(k, kp1), kp1 + 1.0, kp1)
@@ -245,11 +247,15 @@ def _real_space_indices(values_real, values_symlog, buckets, lower_bound, upper_
     # within one; comparing against the stored buckets fixes rounding.
     n = len(buckets)
     table = _constant(buckets)
+    # A value at or past a bound is its end bucket exactly: symexp(bound) in
+    # float32 (GPU expm1) can miss the float64-built table by an ulp.
+    values_real = ops.where(values_symlog <= lower_bound, table[0], values_real)
+    values_real = ops.where(values_symlog >= upper_bound, table[-1], values_real)
     values_real = ops.clip(values_real, buckets[0], buckets[-1])
     delta = (upper_bound - lower_bound) / (n - 1)
     guess = ops.floor((ops.clip(values_symlog, lower_bound, upper_bound) - lower_bound) / delta)
     # NaN: the pair (0, 1) with NaN weights (the comparisons below are false).
-    guess = ops.where(ops.isnan(guess), 0.0, guess)
+    guess = ops.nan_to_num(guess, nan=0.0)
     k = ops.cast(ops.clip(guess, 0, n - 2), "int32")
     k = k - ops.cast(ops.take(table, k) > values_real, "int32")
     k = ops.clip(k, 0, n - 2)
@@ -352,9 +358,9 @@ def two_hot(
     # or one-hot products (0 * NaN would fill the row eagerly, but not where
     # XLA rewrites the products as selects).
     buckets = ops.arange(num_buckets, dtype="int32")
-    return ops.where(ops.equal(buckets, k[..., None]), w_k[..., None], 0.0) + ops.where(
-        ops.equal(buckets, kp1[..., None]), w_kp1[..., None], 0.0
-    )
+    w_k, w_kp1 = w_k[..., None], w_kp1[..., None]
+    zero = ops.zeros_like(w_k)
+    return ops.where(buckets == k[..., None], w_k, zero) + ops.where(buckets == kp1[..., None], w_kp1, zero)
 
 
 def expected_value(
@@ -392,10 +398,11 @@ def expected_value(
         # 0.15). Products and a sum, not a matmul: GPUs may run float32
         # matmuls in TF32, at 1e-3 precision.
         diff = probs[..., num_buckets - m :] - ops.flip(probs[..., :m], axis=-1)
-        lower, skew = pairs
-        terms = diff * _constant(lower)
-        if skew is not None:
-            terms = terms + ops.relu(diff) * _constant(skew)
+        table, skewed = pairs
+        table = _constant(table)
+        terms = diff * table[:m]
+        if skewed:
+            terms = terms + ops.relu(diff) * table[m:]
         mean = ops.sum(terms, axis=-1)
     return mean if bin_scheme == "uniform_symlog" else symlog(mean)
 

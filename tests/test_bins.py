@@ -63,7 +63,7 @@ def test_exact_bucket_hits_and_bounds(scheme):
     if scheme == "uniform_symlog":
         hits = bucket_values()
     else:
-        hits = np.asarray(symlog(bucket_values(bin_scheme=scheme)))
+        hits = to_np(symlog(bucket_values(bin_scheme=scheme)))
     hits = np.asarray(to_np(hits) if not isinstance(hits, np.ndarray) else hits, np.float32)
     out = to_np(two_hot(hits, bin_scheme=scheme))
     np.testing.assert_allclose(out.max(-1), 1.0, atol=2e-4)

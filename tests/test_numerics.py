@@ -215,7 +215,7 @@ MAX32 = float(np.finfo(np.float32).max)
 finite32 = st.floats(min_value=-MAX32, max_value=MAX32, allow_subnormal=False, width=32)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(values=st.lists(finite32, min_size=1, max_size=32))
 def test_symexp_real_space_two_hot_is_exact_to_float32(values):
     # The loss's path: real-space targets, interpolated between real-space buckets.
@@ -231,7 +231,7 @@ def test_symexp_real_space_two_hot_is_exact_to_float32(values):
     np.testing.assert_allclose(decoded[~tiny], want[~tiny], rtol=1e-6, atol=0)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(values=st.lists(st.floats(-20.0, 20.0, width=32, allow_subnormal=False), min_size=1, max_size=32))
 def test_symexp_decode_of_a_two_hot_is_relative(values):
     values = np.asarray(values, np.float32)
@@ -334,8 +334,10 @@ def test_nan_and_infinities_in_tensors():
             where = f"{mode} {scheme}"
             assert np.all(np.isnan(dense[0, 0, :2])), where
             np.testing.assert_array_equal(dense[0, 0, 2:], 0.0, err_msg=where)
-            assert dense[0, 1, 254] == 1.0 and dense[1, 0, 0] == 1.0, where
+            # The end bucket alone, at weight 1 (to an ulp: GPU division, as XLA emits it, may miss x / x = 1).
+            np.testing.assert_allclose([dense[0, 1, 254], dense[1, 0, 0]], 1.0, rtol=2 * ULP, err_msg=where)
             np.testing.assert_array_equal(np.delete(dense[0, 1], 254), 0.0, err_msg=where)
+            np.testing.assert_array_equal(dense[1, 0, 1:], 0.0, err_msg=where)
             assert not np.any(np.isnan(dense[1])), where
             assert (k[0, 0], kp1[0, 0]) == (0, 1) and np.isnan(w_k[0, 0]) and np.isnan(w_kp1[0, 0]), where
             assert np.all((k >= 0) & (kp1 <= 254)), where

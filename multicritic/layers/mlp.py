@@ -27,15 +27,25 @@ _FLOAT16_MAX = 65504.0
 _FLOAT16_ROW_LIMIT = 2.0**8
 
 
+def _row_scale(x, limit):
+    """Per row, `limit / max(limit, max |x|)`: exactly 1 for rows within `limit`.
+
+    Two reductions rather than `abs` then one (a pass fewer over `x`); `relu`
+    and operators rather than Keras ops on Python numbers, which on PyTorch
+    become host-to-device copies (stream syncs)."""
+    peak = ops.maximum(ops.amax(x, axis=-1, keepdims=True), -ops.amin(x, axis=-1, keepdims=True))
+    peak = ops.cast(peak, "float32")
+    return ops.cast(ops.stop_gradient(limit / (limit + ops.relu(peak - limit))), x.dtype)
+
+
 def _fit_float16(x):
     # Under float16 (largest value 65504) Keras's cast turns larger inputs
     # into inf, and a row of inputs above ~1e3 overflows the first Dense.
-    # Clip to the largest float16, then scale rows whose largest |x| exceeds
-    # 2^8 down to it: the LayerNorm after the Dense ignores a row's scale
-    # but for epsilon. Rows within 2^8 are multiplied by exactly 1.
-    x = ops.clip(x, -_FLOAT16_MAX, _FLOAT16_MAX)
-    peak = ops.amax(ops.abs(x), axis=-1, keepdims=True)
-    return x * ops.stop_gradient(_FLOAT16_ROW_LIMIT / ops.maximum(peak, _FLOAT16_ROW_LIMIT))
+    # +-inf becomes +-65504, then rows whose largest |x| exceeds 2^8 are
+    # scaled down to it: the LayerNorm after the Dense ignores a row's scale
+    # but for epsilon.
+    x = ops.nan_to_num(x, nan=float("nan"), posinf=_FLOAT16_MAX, neginf=-_FLOAT16_MAX)
+    return x * _row_scale(x, _FLOAT16_ROW_LIMIT)
 
 
 def layer_norm(x, gamma, beta, epsilon):
@@ -54,8 +64,7 @@ def layer_norm(x, gamma, beta, epsilon):
     if keras.backend.backend() == "torch":
         # LayerNorm ignores a row's scale but for epsilon: rows past 2^56 are
         # scaled down to it, others multiplied by exactly 1.
-        peak = ops.cast(ops.amax(ops.abs(x), axis=-1, keepdims=True), "float32")
-        x = x * ops.cast(ops.stop_gradient(_ROW_LIMIT / ops.maximum(peak, _ROW_LIMIT)), x.dtype)
+        x = x * _row_scale(x, _ROW_LIMIT)
         return ops.layer_normalization(x, gamma, beta, axis=-1, epsilon=epsilon)
     x = ops.cast(x, "float32") if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16") else x
     mean = ops.mean(x, axis=-1, keepdims=True)
@@ -188,7 +197,8 @@ class MLP(keras.layers.Layer):
         for i, (dense, norm) in enumerate(zip(self.dense_layers, self.layer_normalizations)):
             kernel, epsilon = dense.kernel, norm.epsilon
             if i == 0 and not float16:
-                kernel, epsilon = kernel * _FIRST_KERNEL_SCALE, epsilon * _FIRST_KERNEL_SCALE**2
+                # `.value` (autocast) times a number: a tensor operator, no Keras op.
+                kernel, epsilon = kernel.value * _FIRST_KERNEL_SCALE, epsilon * _FIRST_KERNEL_SCALE**2
             x = ops.matmul(x, kernel)
             x = layer_norm(x, norm.gamma, norm.beta, epsilon)
             x = ops.silu(ops.cast(x, self.compute_dtype))
