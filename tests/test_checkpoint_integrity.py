@@ -127,7 +127,7 @@ def test_keras_archive_is_checked_too(tmp_path):
 def test_string_dtype_array_is_refused_before_any_assignment(tmp_path, trained_checkpoint):
     """Finding 1: the cast happened inside the assignment loop, after earlier weights were overwritten."""
     path = trained_checkpoint
-    data, _ = open(path, "rb").read(), None
+    data = open(path, "rb").read()
     with np.load(path) as archive:
         arrays = {k: archive[k] for k in archive.files}
     keys = [k for k in arrays if k != "meta"]
@@ -148,7 +148,7 @@ def test_string_dtype_array_is_refused_before_any_assignment(tmp_path, trained_c
         other.restore(tmp_path / "sealed.npz")
     for a, b in zip(trainer_state(other), before):
         np.testing.assert_array_equal(a, b)
-    assert data  # the original file is untouched
+    assert open(path, "rb").read() == data  # the original file is untouched
 
 
 def _rewrite(path, out, edit_meta=None, edit_arrays=None):
