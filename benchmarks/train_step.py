@@ -38,13 +38,15 @@ def step_flops(in_dim, units, layers, buckets, batch):
 
 
 def _sync(backend, metrics):
-    value = metrics["total"]
-    if backend == "jax":
-        value.block_until_ready()
-    elif backend == "tensorflow":
-        value.numpy()
-    else:
-        value.item()
+    """Waits for the step(s) behind `metrics` (a metrics dict, or a list of them)."""
+    for m in metrics if isinstance(metrics, list) else [metrics]:
+        value = m["total"]
+        if backend == "jax":
+            value.block_until_ready()
+        elif backend == "tensorflow":
+            value.numpy()
+        else:
+            value.item()
 
 
 def _matmul_peak(backend, trials=5):
@@ -104,6 +106,27 @@ def _time_block(backend, step, data, count):
     return (time.perf_counter() - start) / count
 
 
+
+
+def time_side_by_side(backend, impls, data, repeats, block_seconds):
+    """Seconds per step of each implementation, `repeats` blocks each, in alternating order (A B .., .. B A).
+
+    Each is warmed up (compiled) first; every block runs the same number of
+    steps, sized so that the slowest implementation's block lasts about
+    `block_seconds`. Returns `({name: [seconds per step, ...]}, steps per block)`.
+    """
+    per_step = {}
+    for name, step in impls.items():  # warm-up: compile, then estimate a block size
+        _time_block(backend, step, data, 2)
+        per_step[name] = _time_block(backend, step, data, 2)
+    count = max(1, int(block_seconds / max(per_step.values())))
+    times = {name: [] for name in impls}
+    for r in range(repeats):
+        order = list(impls) if r % 2 == 0 else list(impls)[::-1]
+        for name in order:
+            times[name].append(_time_block(backend, impls[name], data, count))
+    return times, count
+
 def run_backend(backend, size, batches, repeats, block_seconds, jit_compile):
     import keras
 
@@ -123,16 +146,7 @@ def run_backend(backend, size, batches, repeats, block_seconds, jit_compile):
         kwargs = {"jit_compile": jit_compile} if backend in ("tensorflow", "torch") else {}
         theirs = native.make_step(in_dim, units, layers, **kwargs)
         impls = {"multicritic": ours, "native": theirs}
-        per_step = {}
-        for name, step in impls.items():  # warm-up: compile, then estimate a block size
-            _time_block(backend, step, data, 2)
-            per_step[name] = _time_block(backend, step, data, 2)
-        count = max(1, int(block_seconds / max(per_step.values())))
-        times = {name: [] for name in impls}
-        for r in range(repeats):
-            order = list(impls) if r % 2 == 0 else list(impls)[::-1]
-            for name in order:
-                times[name].append(_time_block(backend, impls[name], data, count))
+        times, count = time_side_by_side(backend, impls, data, repeats, block_seconds)
         flops = step_flops(in_dim, units, layers, 255, batch)
         for name, values in times.items():
             ms = statistics.median(values) * 1e3
@@ -151,6 +165,25 @@ def run_backend(backend, size, batches, repeats, block_seconds, jit_compile):
                     "steps_per_block": count,
                 }
             )
+    return records
+
+
+def run_per_backend(script, child_args):
+    """Runs `script --backend B --child ARGS` for every installed backend; returns their records."""
+    import importlib.util
+
+    records = []
+    for backend in BACKENDS:
+        if importlib.util.find_spec(backend) is None:
+            print(f"skipping {backend}: not installed", file=sys.stderr)
+            continue
+        cmd = [sys.executable, script, "--backend", backend, "--child", *child_args]
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            print(out.stderr[-2000:], file=sys.stderr)
+            raise SystemExit(f"benchmark failed on {backend}")
+        records += json.loads(out.stdout.strip().splitlines()[-1])
     return records
 
 
@@ -189,22 +222,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     if args.backend == "all":
-        import importlib.util
-
-        records = []
-        for backend in BACKENDS:
-            if importlib.util.find_spec(backend) is None:
-                print(f"skipping {backend}: not installed", file=sys.stderr)
-                continue
-            cmd = [sys.executable, __file__, "--backend", backend, "--child", "--size", args.size,
-                   "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-                   "--batch", *map(str, args.batch)] + (["--jit-compile"] if args.jit_compile else [])
-            env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            if out.returncode != 0:
-                print(out.stderr[-2000:], file=sys.stderr)
-                raise SystemExit(f"benchmark failed on {backend}")
-            records += json.loads(out.stdout.strip().splitlines()[-1])
+        child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
+                 "--batch", *map(str, args.batch)] + (["--jit-compile"] if args.jit_compile else [])
+        records = run_per_backend(__file__, child)
     else:
         os.environ["KERAS_BACKEND"] = args.backend
         records = run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds, args.jit_compile)

@@ -9,9 +9,13 @@ backend_default.select()
 
 from multicritic.bins import inverse_symlog, symexp, symlog, two_hot  # noqa: E402
 from multicritic.critic import CriticNetwork  # noqa: E402
+from multicritic.heads import HLGaussHead, MSEHead, hl_gauss  # noqa: E402
+from multicritic.layers.layer_norm import LayerNormalization  # noqa: E402
 from multicritic.layers.mlp import MLP  # noqa: E402
 from multicritic.layers.reward_predictor import RewardPredictorLayer  # noqa: E402
 from multicritic.losses import critic_loss  # noqa: E402
+from multicritic.multi_critic import MultiCritic  # noqa: E402
+from multicritic.normalizer import ReturnNormalizer  # noqa: E402
 from multicritic.returns import dream_loss_weights, lambda_returns  # noqa: E402
 from multicritic.rllib import export_rllib_weights, load_rllib_weights  # noqa: E402
 from multicritic.sizes import get_model_dims  # noqa: E402
@@ -21,12 +25,18 @@ __version__ = "0.1.0"
 __all__ = [
     "CriticNetwork",
     "CriticTrainer",
+    "HLGaussHead",
+    "LayerNormalization",
     "MLP",
+    "MSEHead",
+    "MultiCritic",
+    "ReturnNormalizer",
     "RewardPredictorLayer",
     "critic_loss",
     "dream_loss_weights",
     "export_rllib_weights",
     "get_model_dims",
+    "hl_gauss",
     "inverse_symlog",
     "lambda_returns",
     "load_rllib_weights",

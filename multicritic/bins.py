@@ -49,6 +49,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from multicritic import backend
 from multicritic.validation import as_float32, fmt, integer
 
 BIN_SCHEMES = ("uniform_symlog", "symexp")
@@ -60,21 +61,7 @@ SYMLOG_LIMIT = math.log1p(float(np.finfo(np.float32).max))
 
 def _constant(table):
     """A cached table (a tuple of Python floats) as a float32 backend constant."""
-    if _torch_compiling():
-        # torch.compile cannot trace numpy; a list is slow but traceable.
-        return ops.convert_to_tensor(list(table), dtype="float32")
-    array = _ARRAYS.get(id(table))
-    if array is None:
-        array = _ARRAYS[id(table)] = np.asarray(table, np.float32)
-    return ops.convert_to_tensor(array)
-
-
-def _torch_compiling() -> bool:
-    if keras.backend.backend() != "torch":
-        return False
-    import torch
-
-    return torch.compiler.is_compiling()
+    return backend.current().constant(table)
 
 
 def symlog(x):
@@ -129,10 +116,9 @@ def _tf_linspace_float32(lower, upper, num):
 
 # Tables are cached as tuples of Python floats in a plain dict: a hit inside
 # a compiled function is a constant. `torch.compile` cannot build one (it
-# traces numpy into tensors), so tables other than the default are built
+# cannot trace numpy), so tables other than the default are built
 # eagerly by the layers' constructors, or by one eager call of `bucket_values`.
 _TABLES = {}
-_ARRAYS = {}  # numpy copies of the tables, by id (the tables live as long as the module)
 
 
 def _increasing(table, num_buckets, lower_bound, upper_bound):

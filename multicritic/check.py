@@ -1,11 +1,14 @@
-"""`multicritic check`: the same critic and train step on every installed backend, compared.
+"""`multicritic check`: the same critics and train steps on every installed backend, compared.
 
-One critic with fixed weights (distinct fast and EMA copies) and fixed inputs
-runs in a subprocess per backend; the parent compares the forward passes with
-a plain numpy forward pass and the train steps across backends, against the
-first backend that ran. With only one backend there is nothing to compare a
-train step with: its step columns read "n/a" and the summary says the train
-step was not checked.
+Several critic configurations (`CONFIGS`: each head, and an ensemble), each
+with fixed weights (distinct fast and EMA copies) and fixed inputs, run in a
+subprocess per backend. Each backend checks itself (the `compiled` column:
+the eager forward pass against the compiled one, `predict_function`); the
+parent compares the forward passes and the train steps across backends,
+against the first backend that ran (its cells read `ref`). Nothing here
+recomputes the critic: with only one backend there is nothing to compare the
+forward pass and train step with, so those columns read "n/a" and the
+summary says they were not compared.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,11 +25,22 @@ from multicritic.backend_default import SUPPORTED as BACKENDS
 from multicritic.backend_default import installed
 
 SIZE = "mini"
+# Critic options per configuration (model_size=SIZE for all).
+CONFIGS: Dict[str, Dict] = {
+    "two_hot": {},
+    "hl_gauss": {"head": "hl_gauss"},
+    "mse": {"head": "mse"},
+    "ensemble": {"ensemble_size": 3},
+}
 FORWARD_KEYS = ("value", "logits", "ema_value", "ema_logits")
 STEP_KEYS = ("step_total", "step_grad_norm", "step_fast", "step_ema")
+COMPILED_KEY = "compiled"
+COLUMNS = (COMPILED_KEY,) + FORWARD_KEYS + STEP_KEYS
 # Max |difference| allowed, relative to max(1, |reference|).
-TOLERANCE = {"value": 1e-4, "logits": 1e-4, "ema_value": 1e-4, "ema_logits": 1e-4,
+TOLERANCE = {"compiled": 1e-5, "value": 1e-4, "logits": 1e-4, "ema_value": 1e-4, "ema_logits": 1e-4,
              "step_total": 1e-5, "step_grad_norm": 1e-4, "step_fast": 1e-6, "step_ema": 1e-6}
+PERTURBATIONS = ("forward", "step", "compiled")
+_SEP = "__"  # npz key: f"{config}{_SEP}{key}"
 
 
 def installed_backends() -> List[str]:
@@ -47,77 +61,79 @@ def fixed_batch(gru_units: int, cats: int, classes: int, n: int = 32):
     return h, z, targets, weights
 
 
-def worker(out_path: str, perturb=None) -> None:
-    """Runs in a subprocess on one backend; writes its results to `out_path` (.npz).
-
-    `perturb` (tests: proves a mismatch is caught): "forward" (or True) shifts
-    the logits by 1e-3, "step" the weights after the train step by 1e-4.
-    """
+def _run_config(options: Dict, perturb: Optional[str]) -> Dict[str, np.ndarray]:
+    """One configuration's outputs: eager forward (`FORWARD_KEYS`), compiled forward
+    (`compiled_` + forward key) and one train step (`STEP_KEYS`)."""
     import keras
 
     from multicritic import CriticNetwork, CriticTrainer
+    from multicritic.training.trainer import predict_function
 
-    critic = CriticNetwork(model_size=SIZE)
+    def numpy(x):
+        return np.asarray(keras.ops.convert_to_numpy(x))
+
+    critic = CriticNetwork(model_size=SIZE, **options)
     critic.set_weights(fixed_weights(critic))
     h, z, targets, weights = fixed_batch(critic.gru_units, critic.num_z_categoricals, critic.num_z_classes)
-    perturb = "forward" if perturb is True else perturb
     out = {}
     for prefix, use_ema in (("", False), ("ema_", True)):
-        value, logits = critic(h, z, use_ema=use_ema)
-        out[prefix + "value"] = keras.ops.convert_to_numpy(value)
-        out[prefix + "logits"] = keras.ops.convert_to_numpy(logits) + (1e-3 if perturb == "forward" else 0.0)
+        eager = critic(h, z, use_ema=use_ema)
+        compiled = predict_function(critic, use_ema=use_ema)(h, z)
+        for name, e, c in zip(("value", "logits"), eager, compiled):
+            e, c = numpy(e), numpy(c)
+            if name == "logits" and perturb == "forward":  # this backend's forward pass (eager and compiled)
+                e, c = e + 1e-3, c + 1e-3
+            if name == "logits" and perturb == "compiled":  # its compiled forward pass only
+                c = c + 1e-3
+            out[prefix + name], out["compiled_" + prefix + name] = e, c
     metrics = CriticTrainer(critic).train_step(h, z, targets, weights)
-    out["step_total"] = keras.ops.convert_to_numpy(metrics["total"])
-    out["step_grad_norm"] = keras.ops.convert_to_numpy(metrics["grad_norm"])
-    out["step_fast"] = np.concatenate([np.ravel(keras.ops.convert_to_numpy(v.value)) for v in critic.fast_weights])
+    out["step_total"] = numpy(metrics["total"])
+    out["step_grad_norm"] = numpy(metrics["grad_norm"])
+    out["step_fast"] = np.concatenate([np.ravel(numpy(v.value)) for v in critic.fast_weights])
     out["step_fast"] = out["step_fast"] + (1e-4 if perturb == "step" else 0.0)
-    out["step_ema"] = np.concatenate([np.ravel(keras.ops.convert_to_numpy(v.value)) for v in critic.ema_weights])
-    np.savez(out_path, backend=np.array(keras.backend.backend()), **out)
-
-
-def numpy_forward(weights: Sequence[np.ndarray], h, z, use_ema: bool):
-    """The critic's forward pass in float64 numpy (RLlib weight order: kernels, LN pairs, head)."""
-    half = len(weights) // 2
-    w = [np.asarray(a, np.float64) for a in (weights[half:] if use_ema else weights[:half])]
-    layers = (len(w) - 2) // 3
-    x = np.concatenate([h, z.reshape(len(z), -1)], -1).astype(np.float64)
-    for i in range(layers):
-        a = x @ w[i]
-        a = (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-3)
-        y = a * w[layers + 2 * i] + w[layers + 2 * i + 1]
-        x = y / (1.0 + np.exp(-y))
-    logits = x @ w[-2] + w[-1]
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    buckets = np.linspace(-20.0, 20.0, logits.shape[-1])
-    return p @ buckets, logits
-
-
-def _reference_forward() -> Dict[str, np.ndarray]:
-    from multicritic import CriticNetwork
-
-    critic = CriticNetwork(model_size=SIZE)
-    weights = fixed_weights(critic)
-    h, z, _, _ = fixed_batch(critic.gru_units, critic.num_z_categoricals, critic.num_z_classes)
-    out = {}
-    for prefix, use_ema in (("", False), ("ema_", True)):
-        out[prefix + "value"], out[prefix + "logits"] = numpy_forward(weights, h, z, use_ema)
+    out["step_ema"] = np.concatenate([np.ravel(numpy(v.value)) for v in critic.ema_weights])
     return out
+
+
+def worker(out_path: str, perturb=None) -> None:
+    """Runs in a subprocess on one backend; writes every configuration's results to `out_path` (.npz).
+
+    `perturb` (tests: proves a mismatch is caught where it should be):
+    "forward" (or True) shifts this backend's logits (eager and compiled) by
+    1e-3, "compiled" only its compiled logits, "step" the fast weights after
+    the train step by 1e-4.
+    """
+    import keras
+
+    perturb = "forward" if perturb is True else perturb
+    if perturb not in (None,) + PERTURBATIONS:
+        raise ValueError(f"perturb: got {perturb!r}, expected one of {list(PERTURBATIONS)}")
+    out = {}
+    for config, options in CONFIGS.items():
+        for key, value in _run_config(options, perturb).items():
+            out[config + _SEP + key] = value
+    np.savez(out_path, backend=np.array(keras.backend.backend()), **out)
 
 
 def _max_diff(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
-def run_check(backends: Optional[Sequence[str]] = None, perturb: Optional[str] = None, log=print) -> int:
-    """Runs every backend, prints the table, returns the exit code (0: all agree).
+def _compare(key: str, value, ref) -> Tuple[float, bool]:
+    diff = _max_diff(value, ref)
+    return diff, diff <= TOLERANCE[key] * max(1.0, float(np.max(np.abs(np.asarray(ref, np.float64)))))
 
-    `perturb` (tests): "BACKEND" perturbs that backend's logits, "BACKEND:step"
-    its train step, to show that the table catches it.
-    """
-    backends = list(backends or installed_backends())
+
+def _compiled_cell(results: Dict[str, np.ndarray]) -> Tuple[float, bool]:
+    """The backend's own eager vs compiled forward (fast and EMA): the largest difference, and whether
+    each output is within tolerance of its eager value."""
+    cells = [_compare(COMPILED_KEY, results["compiled_" + key], results[key]) for key in FORWARD_KEYS]
+    return max(d for d, _ in cells), all(ok for _, ok in cells)
+
+
+def _run_workers(backends: Sequence[str], perturb: Optional[str]):
     target, _, what = (perturb or "").partition(":")
-    results: Dict[str, Dict[str, np.ndarray]] = {}
+    results: Dict[str, Dict[str, Dict[str, np.ndarray]]] = {}
     failures: Dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
@@ -131,49 +147,64 @@ def run_check(backends: Optional[Sequence[str]] = None, perturb: Optional[str] =
                 lines = (proc.stderr or proc.stdout).strip().splitlines()
                 failures[backend] = lines[-1] if lines else f"exit code {proc.returncode}"
                 continue
+            per_config: Dict[str, Dict[str, np.ndarray]] = {config: {} for config in CONFIGS}
             with np.load(path) as data:
-                results[backend] = {k: data[k] for k in data.files if k != "backend"}
+                for name in data.files:
+                    config, sep, key = name.partition(_SEP)
+                    if sep:
+                        per_config[config][key] = data[name]
+            results[backend] = per_config
+    return results, failures
 
-    reference = _reference_forward()
-    # Train steps: compared with the first backend that ran; with fewer than
-    # two there is nothing to compare with, and the step columns say so.
-    step_backend = next(iter(results), None)
-    compare_steps = len(results) >= 2
-    columns = FORWARD_KEYS + STEP_KEYS
-    header = f"{'backend':<11}" + "".join(f"{c:>15}" for c in columns) + "  status"
+
+def run_check(backends: Optional[Sequence[str]] = None, perturb: Optional[str] = None, log=print) -> int:
+    """Runs every backend, prints the table, returns the exit code (0: all agree).
+
+    `perturb` (tests): "BACKEND" or "BACKEND:forward" perturbs that backend's
+    logits, "BACKEND:compiled" its compiled forward pass only, "BACKEND:step"
+    its train step, to show that the table catches each in its own columns.
+    """
+    backends = list(backends or installed_backends())
+    results, failures = _run_workers(backends, perturb)
+    # Forward passes and train steps: compared with the first backend that
+    # ran; with fewer than two there is nothing to compare with, and those
+    # columns say so. The compiled column is each backend's own check.
+    ref_backend = next(iter(results), None)
+    compare = len(results) >= 2
+    label = max(len("backend:config"), *(len(f"{b}:{c}") for b in backends for c in CONFIGS)) + 2
+    widths = [max(len(c), 9) + 2 for c in COLUMNS]
     log(
-        "max |difference|: forward vs a numpy float64 forward pass; train step vs "
-        + (f"the first backend ({step_backend})" if compare_steps else "another backend (n/a: needs two backends)")
+        "max |difference|: compiled = eager vs compiled forward pass on the same backend; forward and train "
+        + (f"step vs the first backend ({ref_backend})" if compare else "step vs another backend (n/a: needs two)")
     )
-    log(header)
+    log(f"{'backend:config':<{label}}" + "".join(f"{c:>{w - 1}} " for c, w in zip(COLUMNS, widths)) + " status")
     bad = bool(failures)
     for backend in backends:
-        if backend in failures:
-            log(f"{backend:<11}{'':>{15 * len(columns)}}  FAILED: {failures[backend]}")
-            continue
-        row, ok = f"{backend:<11}", True
-        for key in columns:
-            if key in reference:
-                ref = reference[key]
-            elif not compare_steps:
-                row += f"{'n/a':>15}"
+        for config in CONFIGS:
+            name = f"{backend}:{config}"
+            if backend in failures:
+                log(f"{name:<{label}}{'':>{sum(widths)}}  FAILED: {failures[backend]}")
                 continue
-            elif backend == step_backend:
-                row += f"{'ref':>15}"
-                continue
-            else:
-                ref = results[step_backend][key]
-            diff = _max_diff(results[backend][key], ref)
-            within = diff <= TOLERANCE[key] * max(1.0, float(np.max(np.abs(ref))))
-            ok &= within
-            row += f"{diff:>14.2e}{'' if within else '!'}"
-        bad |= not ok
-        status = "ok" if ok else "MISMATCH"
-        log(row + f"  {status}" + ("" if compare_steps else " (forward only)"))
+            mine, row, ok = results[backend][config], f"{name:<{label}}", True
+            for key, width in zip(COLUMNS, widths):
+                if key == COMPILED_KEY:
+                    diff, within = _compiled_cell(mine)
+                elif not compare:
+                    row += f"{'n/a':>{width - 1}} "
+                    continue
+                elif backend == ref_backend:
+                    row += f"{'ref':>{width - 1}} "
+                    continue
+                else:
+                    diff, within = _compare(key, mine[key], results[ref_backend][config][key])
+                ok &= within
+                row += f"{diff:>{width - 1}.2e}{' ' if within else '!'}"
+            bad |= not ok
+            log(row + " " + ("ok" if ok else "MISMATCH") + ("" if compare else " (one backend: compiled only)"))
     log(f"tolerance: max |diff| <= tol * max(1, |reference|), tol = {TOLERANCE}")
-    if results and not compare_steps:
+    if results and not compare:
         log(
-            f"train step: NOT checked (only {step_backend} ran; the step columns compare backends with "
-            "each other and need two or more)"
+            f"forward and train step: NOT compared across backends (only {ref_backend} ran; those columns "
+            "compare backends with each other and need two or more)"
         )
     return 1 if bad or not results else 0

@@ -14,13 +14,23 @@ from typing import List, Optional, Tuple
 # (via backend_default.select) before Keras is imported.
 from multicritic import backend_default
 from multicritic.check import BACKENDS, installed_backends
-from multicritic.demo.config import BIN_SCHEMES, MAX_SEED, MODEL_SIZES, DemoConfig, check_config
+from multicritic.demo.config import (
+    AGGREGATIONS,
+    BIN_SCHEMES,
+    HEADS,
+    MAX_ENSEMBLE,
+    MAX_SEED,
+    MODEL_SIZES,
+    DemoConfig,
+    check_config,
+)
 
 # matplotlib's formats (FigureCanvasBase.get_supported_filetypes) except pgf,
 # which needs a LaTeX installation.
 PLOT_FORMATS = ("eps", "jpeg", "jpg", "pdf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff", "webp")
 NO_BACKEND = "no Keras backend is installed (pip install 'multicritic[jax]', '[torch]' or '[tensorflow]')"
-_FLAGS = {"size": "--size", "bin_scheme": "--bin-scheme", "steps": "--steps", "seed": "--seed", "scales": "--scales"}
+_FLAGS = {"size": "--size", "bin_scheme": "--bin-scheme", "steps": "--steps", "seed": "--seed", "scales": "--scales",
+          "head": "--head", "ensemble": "--ensemble", "aggregation": "--aggregation"}
 
 
 class UsageError(Exception):
@@ -49,7 +59,29 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=1500, help="train steps per reward scale, >= 1 (default: 1500)")
     demo.add_argument("--seed", type=int, default=0, help=f"random seed in [0, {MAX_SEED}] (default: 0)")
     demo.add_argument(
-        "--bin-scheme", default="symexp", help=f"one of {list(BIN_SCHEMES)} (default: symexp, the 2024 scheme)"
+        "--bin-scheme",
+        help=f"one of {list(BIN_SCHEMES)} (default: symexp, the 2024 scheme; uniform_symlog with --head hl_gauss, "
+        "the only scheme it supports)",
+    )
+    demo.add_argument(
+        "--head",
+        default="two_hot",
+        help=f"the critic's value head, one of {list(HEADS)} (default: two_hot, the reference)",
+    )
+    demo.add_argument(
+        "--ensemble",
+        type=int,
+        default=1,
+        metavar="K",
+        help=f"number of critic members, 1 to {MAX_ENSEMBLE} (default: 1); with K > 1 the summary also reports "
+        "how well the members' spread predicts the error (Pearson / Spearman correlation across states)",
+    )
+    demo.add_argument(
+        "--aggregation",
+        default="mean",
+        help=f"how the members' values are reduced for the targets and the scored value, one of {list(AGGREGATIONS)} "
+        "(default: mean; members: each learns from its own targets, their mean is scored; min_of_random needs "
+        "--ensemble 2 or more)",
     )
     demo.add_argument(
         "--scales",
@@ -68,16 +100,18 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     check = sub.add_parser(
         "check",
-        help="compare the critic's forward pass with a numpy one on every installed backend, and its train step "
-        "across backends (needs two or more; with one the step is reported as not checked)",
+        help="run the critic (each head, and an ensemble) and one train step on every installed backend: check "
+        "each backend's compiled forward pass against its eager one, and compare forward passes and train steps "
+        "across backends (needs two or more; with one they are reported as not compared)",
     )
     check.add_argument("--backends", help="comma-separated backends (default: every installed one)")
     check.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
     check.add_argument(
-        "--perturb-worker", nargs="?", const="forward", choices=("forward", "step"), help=argparse.SUPPRESS
+        "--perturb-worker", nargs="?", const="forward", choices=("forward", "step", "compiled"), help=argparse.SUPPRESS
     )
-    # tests: prove a mismatch is caught; BACKEND (its logits) or BACKEND:step (its train step)
-    check.add_argument("--perturb", metavar="BACKEND[:step]", help=argparse.SUPPRESS)
+    # tests: prove a mismatch is caught; BACKEND[:forward] (its logits), BACKEND:compiled (its compiled
+    # forward pass) or BACKEND:step (its train step)
+    check.add_argument("--perturb", metavar="BACKEND[:step|:forward|:compiled]", help=argparse.SUPPRESS)
     return parser
 
 
@@ -142,7 +176,16 @@ def _parse_scales(text: str) -> Tuple[float, ...]:
 
 def _demo_config(args) -> DemoConfig:
     scales = _parse_scales(args.scales)
-    config = DemoConfig(size=args.size, steps=args.steps, seed=args.seed, bin_scheme=args.bin_scheme, scales=scales)
+    config = DemoConfig(
+        size=args.size,
+        steps=args.steps,
+        seed=args.seed,
+        bin_scheme=args.bin_scheme,
+        scales=scales,
+        head=args.head,
+        ensemble=args.ensemble,
+        aggregation=args.aggregation,
+    )
     try:
         check_config(config, _FLAGS)
     except ValueError as err:
@@ -173,9 +216,9 @@ def _check_backends(args) -> List[str]:
                 raise UsageError(f"--backends: got {args.backends!r}, which names {b!r} twice")
     if args.perturb is not None:
         target, _, what = args.perturb.partition(":")
-        if target not in backends or what not in ("", "forward", "step"):
+        if target not in backends or what not in ("", "forward", "step", "compiled"):
             raise UsageError(
-                f"--perturb: got {args.perturb!r}, expected BACKEND or BACKEND:step with BACKEND in {backends}"
+                f"--perturb: got {args.perturb!r}, expected BACKEND[:step|:forward|:compiled] with BACKEND in {backends}"
             )
     return backends
 
@@ -193,8 +236,9 @@ def _validate(argv: List[str]):
             backend = _environment_backend("; or pass --backend")
     else:
         plan = None if args.worker else _check_backends(args)
-        # The parent only builds the numpy reference: it runs on the first
-        # backend checked unless KERAS_BACKEND names one (which must then work).
+        # The parent runs no critic (it compares the workers' numbers) but imports
+        # Keras: it runs on the first backend checked unless KERAS_BACKEND names
+        # one (which must then work).
         backend = plan[0] if plan and not os.environ.get("KERAS_BACKEND") else _environment_backend()
     return args, plan, backend
 
@@ -244,8 +288,11 @@ def _demo(args, config: DemoConfig, argv: List[str]) -> int:
         code = _rerun_on(args.backend, argv)
         if code is not None:
             return code
+    critic = "" if config.head == "two_hot" else f", {config.head} head"
+    if config.ensemble > 1:
+        critic += f", ensemble of {config.ensemble} ({config.aggregation})"
     print(
-        f"multicritic demo: backend {keras.backend.backend()}, size {config.size}, {config.bin_scheme} bins, "
+        f"multicritic demo: backend {keras.backend.backend()}, size {config.size}, {config.bin_scheme} bins{critic}, "
         f"{config.num_states}-state random MDP, horizon {config.horizon}, {config.steps} steps per scale"
     )
     results = run_demo(config, progress=not args.no_progress)

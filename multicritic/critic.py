@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
 from keras import ops
 
-from multicritic.bins import check_bin_args
+from multicritic import heads, weights_file
 from multicritic.layers.mlp import MLP
-from multicritic.losses import EMA_REGULARIZERS
-from multicritic.layers.reward_predictor import RewardPredictorLayer
 from multicritic.sizes import get_model_dims
-from multicritic.validation import integer, number
-from multicritic import weights_file
+from multicritic.validation import integer, number, real_tensor
+
+AGGREGATIONS = ("mean", "min", "min_of_random", "members")
+# Options that moved to `CriticTrainer` (they say how the critic is trained).
+TRAINING_OPTIONS = ("ema_update_period", "ema_regularizer_weight", "ema_regularizer", "ema_targets")
 
 
 
@@ -23,55 +24,64 @@ def _shape(x) -> Tuple:
     return tuple(None if d is None else int(d) for d in x)
 
 
-def check_critic_options(ema_decay, ema_update_period, ema_regularizer_weight, ema_regularizer):
-    """Raises a `ValueError` for slow-critic options outside their range."""
-    number("ema_decay", ema_decay, low=0.0, high=1.0)
-    integer("ema_update_period", ema_update_period)
-    number("ema_regularizer_weight", ema_regularizer_weight, low=0.0)
-    if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
-        raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
+# Options added after configs were first saved, with the value older configs meant.
+_ADDED_OPTIONS = {"head": "two_hot", "hl_gauss_sigma": 0.75, "ensemble_size": 1, "aggregation": "mean",
+                  "aggregation_subset": 2}
 
 
-def _real_tensor(name, x, dtype):
-    """`x` as a backend tensor; integer and boolean inputs become `dtype`, anything else non-real is refused."""
-    if isinstance(x, keras.KerasTensor):
-        return x
-    if x is None or isinstance(x, (str, bytes)):
-        raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
-    if not ops.is_tensor(x):
-        try:
-            x = np.asarray(x)
-        except Exception as err:
-            raise ValueError(f"{name}: got a {type(x).__name__} that is not an array ({err}).") from None
-        if x.dtype.kind not in "fiub":
-            raise ValueError(f"{name}: got an array of dtype {x.dtype}, expected real numbers.")
-        if x.dtype.kind == "f" and x.dtype != np.float64:
-            return ops.convert_to_tensor(x)
-        return ops.convert_to_tensor(x.astype(dtype))
-    kind = keras.backend.standardize_dtype(x.dtype)
-    if "float" in kind:
-        return x
-    if kind.startswith(("int", "uint", "bool")):
-        return ops.cast(x, dtype)
-    raise ValueError(f"{name}: got a tensor of dtype {kind}, expected real numbers.")
+def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
+    """A saved critic config as today's critic would write it, and the training options it carried.
+
+    Configs written before the training options moved to `CriticTrainer`
+    hold them; configs written before heads and ensembles lack those options
+    (whose defaults are what they computed).
+    """
+    training = {k: config[k] for k in TRAINING_OPTIONS if k in config}
+    config = {k: v for k, v in config.items() if k not in TRAINING_OPTIONS}
+    for key, value in _ADDED_OPTIONS.items():
+        config.setdefault(key, value)
+    return config, training
+
+
+def check_ensemble_options(ensemble_size, aggregation, aggregation_subset):
+    """Raises a `ValueError` for ensemble options outside their range."""
+    integer("ensemble_size", ensemble_size)
+    if not isinstance(aggregation, str) or aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation: got {aggregation!r}, expected one of {list(AGGREGATIONS)}.")
+    integer("aggregation_subset", aggregation_subset)
+    if aggregation == "min_of_random" and aggregation_subset > ensemble_size:
+        raise ValueError(
+            f"aggregation_subset: got {aggregation_subset} with ensemble_size={ensemble_size}, expected at most "
+            "ensemble_size members to take the minimum of."
+        )
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
 class CriticNetwork(keras.Model):
-    """The DreamerV3 critic: a distributional value network plus its EMA copy.
+    """The DreamerV3 critic: a distributional value network plus its EMA copy, optionally an ensemble.
 
-    The state `x = concat([h, flatten(z)])` goes through an `MLP` and a
-    `RewardPredictorLayer` (255 buckets over symlog returns, zero-initialised
-    head). A second, structurally identical network (`mlp_ema`,
+    The state `x = concat([h, flatten(z)])` goes through an `MLP` and a value
+    head (`head="two_hot"`: a `RewardPredictorLayer` with 255 buckets over
+    symlog returns, zero-initialised; see `multicritic.heads` for the
+    others). A second, structurally identical network (`mlp_ema`,
     `return_layer_ema`) holds an exponential moving average of the weights;
     its variables are never trainable (`critic.trainable_variables` holds only
     the fast critic's weights, in the same order as
     `critic.non_trainable_variables` holds their EMA copies). The EMA copy is
-    initialised from the fast weights when the critic is built; call
-    `update_ema()` after every optimizer step (`CriticTrainer` does).
+    initialised from the fast weights when the critic is built; `update_ema()`
+    moves it (`CriticTrainer` calls it after optimizer steps).
 
-    The sub-layer names are those of RLlib's TensorFlow critic so weights map
-    one to one (see `multicritic.rllib`).
+    With `ensemble_size=K > 1` the critic holds K independently initialised
+    members (each with its own EMA copy) as stacked weights, computed with
+    one batched matmul per layer; outputs get a leading member axis and
+    `aggregate` reduces it. `ensemble_size=1` is the single critic, with the
+    reference's weight layout.
+
+    The model holds the model: how it is trained (update period, regulariser,
+    targets, optimizer) is `CriticTrainer`'s. The sub-layer names are those of
+    RLlib's TensorFlow critic so weights map one to one (see
+    `multicritic.rllib`). Every sub-layer's own `call` runs, so Keras's
+    `quantize`, LoRA and dtype policies apply.
 
     Args:
         model_size: DreamerV3 size, `"nano"` ... `"XL"` (see
@@ -85,15 +95,16 @@ class CriticNetwork(keras.Model):
         num_dense_layers, dense_hidden_units: MLP overrides.
         gru_units, num_z_categoricals, num_z_classes: input-size overrides;
             with `model_size=None` any left out are taken from the first call.
-        ema_update_period: update the EMA every this many optimizer steps.
-        ema_regularizer_weight: weight of the slow-critic regulariser in the
-            loss (1.0 in the reference).
-        ema_regularizer: `"two_hot_mean"` (cross-entropy to the two-hot of
-            the EMA critic's expected value, the reference) or
-            `"distribution"` (cross-entropy to the EMA critic's bucket
-            distribution).
-        ema_targets: compute lambda-return targets from the EMA critic's
-            values instead of the fast critic's.
+        head: `"two_hot"` (the reference), `"hl_gauss"` (Gaussian histogram
+            targets, Farebrother et al. 2024) or `"mse"` (symlog regression).
+        hl_gauss_sigma: HL-Gauss standard deviation, as a ratio of the bucket
+            width (0.75).
+        ensemble_size: number of members `K` (1: a single critic).
+        aggregation: how `aggregate` reduces the members: `"mean"`, `"min"`,
+            `"min_of_random"` (the minimum over `aggregation_subset` members
+            drawn at random, as REDQ and TD-MPC2) or `"members"` (no
+            reduction: each member keeps its own value).
+        aggregation_subset: members drawn by `"min_of_random"` (2).
         **kwargs: passed to `keras.Model` (`name`, `dtype`, ...).
 
     Call arguments:
@@ -104,7 +115,8 @@ class CriticNetwork(keras.Model):
     Returns:
         `(value_symlog, logits)`: expected value in symlog space `[B]`
         (apply `inverse_symlog` for real returns) and float32 logits
-        `[B, num_buckets]`.
+        `[B, num_buckets]` (`[B, 1]` for `head="mse"`); with an ensemble
+        `[K, B]` and `[K, B, num_buckets]`.
 
     Example:
         >>> critic = CriticNetwork(model_size="XS")
@@ -112,10 +124,17 @@ class CriticNetwork(keras.Model):
         ...                        np.zeros((8, 32, 32), "float32"))
         >>> value.shape, logits.shape
         ((8,), (8, 255))
+        >>> ensemble = CriticNetwork(model_size="XS", ensemble_size=5, aggregation="min_of_random")
+        >>> values, _ = ensemble(np.zeros((8, 256), "float32"), np.zeros((8, 32, 32), "float32"))
+        >>> values.shape, ensemble.aggregate(values, seed=0).shape
+        ((5, 8), (8,))
 
     Reference:
         Hafner et al., "Mastering Diverse Domains through World Models",
-        arXiv 2301.04104; RLlib's `dreamerv3/tf/models/critic_network.py`.
+        arXiv 2301.04104; RLlib's `dreamerv3/tf/models/critic_network.py`;
+        Chen et al., "Randomized Ensembled Double Q-Learning" (REDQ), ICLR 2021;
+        Hansen et al., "TD-MPC2", ICLR 2024; Farebrother et al., "Stop
+        Regressing", ICML 2024.
     """
 
     def __init__(
@@ -132,12 +151,19 @@ class CriticNetwork(keras.Model):
         gru_units: Optional[int] = None,
         num_z_categoricals: Optional[int] = None,
         num_z_classes: Optional[int] = None,
-        ema_update_period: int = 1,
-        ema_regularizer_weight: float = 1.0,
-        ema_regularizer: str = "two_hot_mean",
-        ema_targets: bool = False,
+        head: str = "two_hot",
+        hl_gauss_sigma: float = 0.75,
+        ensemble_size: int = 1,
+        aggregation: str = "mean",
+        aggregation_subset: int = 2,
         **kwargs,
     ):
+        moved = [k for k in TRAINING_OPTIONS if k in kwargs]
+        if moved:
+            raise ValueError(
+                f"{moved[0]}: a training option, now given to CriticTrainer (CriticTrainer(critic, {moved[0]}=...)), "
+                "not to the critic."
+            )
         dims = get_model_dims(
             model_size,
             gru_units=gru_units,
@@ -146,8 +172,11 @@ class CriticNetwork(keras.Model):
             num_z_categoricals=num_z_categoricals,
             num_z_classes=num_z_classes,
         )
-        check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
-        check_critic_options(ema_decay, ema_update_period, ema_regularizer_weight, ema_regularizer)
+        head_class = heads.get(head)
+        hl_gauss_sigma = number("hl_gauss_sigma", hl_gauss_sigma, low=0.0, low_open=True)
+        head_class.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
+        number("ema_decay", ema_decay, low=0.0, high=1.0)
+        check_ensemble_options(ensemble_size, aggregation, aggregation_subset)
         kwargs.setdefault("name", "critic")
         super().__init__(**kwargs)
         self.model_size = model_size
@@ -161,39 +190,49 @@ class CriticNetwork(keras.Model):
         self.gru_units = dims["gru_units"]
         self.num_z_categoricals = dims["num_z_categoricals"]
         self.num_z_classes = dims["num_z_classes"]
-        self.ema_update_period = int(ema_update_period)
-        self.ema_regularizer_weight = float(ema_regularizer_weight)
-        self.ema_regularizer = ema_regularizer
-        self.ema_targets = bool(ema_targets)
+        self.head = head
+        self.hl_gauss_sigma = float(hl_gauss_sigma)
+        self.ensemble_size = int(ensemble_size)
+        self.aggregation = aggregation
+        self.aggregation_subset = int(aggregation_subset)
+        members = None if self.ensemble_size == 1 else self.ensemble_size
 
         def mlp(name):
             return MLP(
                 model_size=model_size,
                 num_dense_layers=self.num_dense_layers,
                 dense_hidden_units=self.dense_hidden_units,
+                members=members,
                 dtype=self.dtype_policy,
                 name=name,
             )
 
-        def head(name):
-            return RewardPredictorLayer(
+        def value_head(name):
+            options = {"sigma": self.hl_gauss_sigma} if head == "hl_gauss" else {}
+            return head_class(
                 num_buckets=num_buckets,
                 lower_bound=lower_bound,
                 upper_bound=upper_bound,
                 bin_scheme=bin_scheme,
+                members=members,
                 dtype="float32",
                 name=name,
+                **options,
             )
 
         self.mlp = mlp("mlp")
-        self.return_layer = head("return_layer")
+        self.return_layer = value_head("return_layer")
         self.mlp_ema = mlp("mlp_ema")
-        self.return_layer_ema = head("return_layer_ema")
+        self.return_layer_ema = value_head("return_layer_ema")
         if None not in (self.gru_units, self.num_z_categoricals, self.num_z_classes):
             self.build(
                 (None, self.gru_units),
                 (None, self.num_z_categoricals, self.num_z_classes),
             )
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(upgrade_config(config)[0])
 
     # Keras 3 only passes `trainable` down to variables that exist when it is
     # set, and `critic.trainable = True` would reach the EMA copy: keep it
@@ -235,10 +274,9 @@ class CriticNetwork(keras.Model):
         self.gru_units = int(h_shape[-1])
         self.num_z_categoricals, self.num_z_classes = int(z_shape[-2]), int(z_shape[-1])
         in_shape = (None, self.gru_units + self.num_z_categoricals * self.num_z_classes)
-        hidden_shape = (None, self.dense_hidden_units)
         for mlp, head in ((self.mlp, self.return_layer), (self.mlp_ema, self.return_layer_ema)):
             mlp.build(in_shape)
-            head.build(hidden_shape)
+            head.build(mlp.compute_output_shape(in_shape))
         for layer in (self.mlp_ema, self.return_layer_ema):
             layer.trainable = False
         self.built = True
@@ -247,38 +285,86 @@ class CriticNetwork(keras.Model):
     def __call__(self, h, z, *args, **kwargs):
         # Before Keras's own checks, which refuse lists and name no argument.
         dtype = self.compute_dtype
-        return super().__call__(_real_tensor("h", h, dtype), _real_tensor("z", z, dtype), *args, **kwargs)
+        return super().__call__(real_tensor("h", h, dtype), real_tensor("z", z, dtype), *args, **kwargs)
 
     def call(self, h, z, use_ema=False):
-        h = _real_tensor("h", h, self.compute_dtype)
-        z = _real_tensor("z", z, self.compute_dtype)
         self._check_inputs(h.shape, z.shape)
         z = ops.reshape(ops.cast(z, h.dtype), (-1, self.num_z_categoricals * self.num_z_classes))
         x = ops.concatenate([h, z], axis=-1)
         mlp, head = (self.mlp_ema, self.return_layer_ema) if use_ema else (self.mlp, self.return_layer)
-        # The MLP shares this layer's dtype policy (and autocast scope), so its
-        # `call` is what its `__call__` would run, minus Keras's per-call
-        # bookkeeping (most of a small step's time on PyTorch). The float32
-        # head needs its own autocast scope only under a mixed policy.
-        x = mlp.call(x)
-        return head.call(x) if self._plain_dtypes else head(x)
-
-    @property
-    def _plain_dtypes(self) -> bool:
-        return self.compute_dtype == self.variable_dtype == "float32"
-
-    def apply_network(self, h, z, use_ema: bool = False):
-        """`self(h, z, use_ema)` for compiled steps: skips Keras's per-call
-        bookkeeping where the dtype policy makes it a no-op (float32 tensors
-        in, float32 policy)."""
-        # Dtypes compared as Keras names: a torch.dtype never equals "float32".
-        dtype = keras.backend.standardize_dtype
-        if self._plain_dtypes and dtype(h.dtype) == dtype(z.dtype) == self.compute_dtype:
-            return self.call(h, z, use_ema=use_ema)
-        return self(h, z, use_ema=use_ema)
+        return head(mlp(x))
 
     def compute_output_shape(self, h_shape, z_shape, use_ema=False):
-        return (h_shape[0],), (h_shape[0], self.num_buckets)
+        lead = (h_shape[0],) if self.ensemble_size == 1 else (self.ensemble_size, h_shape[0])
+        return lead, lead + (heads.get(self.head).output_units(self.num_buckets),)
+
+    # ------------------------------------------------------------------
+    # Ensembles.
+
+    def aggregate(self, values, seed=None):
+        """Reduces member values `[K, ...]` to `[...]` as `aggregation` says (`"members"`: unchanged).
+
+        With one member, `values` (`[...]`, no member axis) come back as they
+        are. `seed`: for `"min_of_random"`, an int or a
+        `keras.random.SeedGenerator` (the same members are drawn for every
+        position of the batch, as REDQ / TD-MPC2 do per update).
+        """
+        if self.ensemble_size == 1 or self.aggregation == "members":
+            return values
+        if self.aggregation == "mean":
+            return ops.mean(values, axis=0)
+        if self.aggregation == "min":
+            return ops.min(values, axis=0)
+        keys = keras.random.uniform((self.ensemble_size,), seed=seed)
+        drawn = keys <= ops.sort(keys)[self.aggregation_subset - 1]
+        drawn = ops.reshape(drawn, (self.ensemble_size,) + (1,) * (len(values.shape) - 1))
+        return ops.min(ops.where(drawn, values, float("inf")), axis=0)
+
+    def _member_shape(self, var) -> Tuple[int, ...]:
+        shape = tuple(var.shape)[1:]
+        # A stacked bias is [K, 1, out] (EinsumDense keeps the batch axis): one member's is [out].
+        return shape[1:] if var.path.endswith("/bias") and len(shape) == 2 and shape[0] == 1 else shape
+
+    def get_member_weights(self, member: int) -> List[np.ndarray]:
+        """Member `member`'s weights (fast, then EMA), shaped as a single critic's `get_weights()`."""
+        self._check_member(member)
+        return [np.reshape(np.asarray(ops.convert_to_numpy(v.value))[member], self._member_shape(v))
+                for v in self.weights]
+
+    def set_member_weights(self, member: int, weights: Sequence) -> None:
+        """Sets member `member` from a single critic's `get_weights()` list; the other members are unchanged.
+
+        All or nothing: the count, every shape and finiteness are checked first.
+        """
+        from multicritic import integrity
+
+        self._check_member(member)
+        weights = list(weights)
+        if len(weights) != len(self.weights):
+            raise ValueError(f"weights: got {len(weights)} arrays, expected {len(self.weights)} (a single critic's).")
+        expected = {f"weights[{i}] ({v.path})": (self._member_shape(v), "float32") for i, v in enumerate(self.weights)}
+        checked = integrity.check_arrays("weights", dict(zip(expected, weights)), expected)
+        for var, w in zip(self.weights, checked.values()):
+            stacked = np.array(ops.convert_to_numpy(var.value))
+            stacked[member] = np.reshape(w, stacked.shape[1:])
+            var.assign(stacked)
+
+    def _check_member(self, member):
+        if self.ensemble_size == 1:
+            raise ValueError("member: this critic is not an ensemble (ensemble_size=1); use get_weights / set_weights.")
+        if isinstance(member, bool) or not isinstance(member, (int, np.integer)) or not 0 <= member < self.ensemble_size:
+            raise ValueError(f"member: got {member!r}, expected an integer in [0, {self.ensemble_size}).")
+
+    def loss_options(self) -> Dict[str, object]:
+        """The `critic_loss` arguments that describe this critic's head and support."""
+        return {
+            "head": self.head,
+            "num_buckets": self.num_buckets,
+            "lower_bound": self.lower_bound,
+            "upper_bound": self.upper_bound,
+            "bin_scheme": self.bin_scheme,
+            "hl_gauss_sigma": self.hl_gauss_sigma,
+        }
 
     @property
     def fast_weights(self) -> List:
@@ -302,11 +388,39 @@ class CriticNetwork(keras.Model):
         d = self.ema_decay if decay is None else decay
         return [d * e + (1.0 - d) * f for f, e in zip(fast_values, ema_values)]
 
+    def ema_pairs(self, what: str = "ema") -> List[Tuple]:
+        """`(fast, ema)` variable pairs, checked to match one to one by path, shape and dtype.
+
+        A fast layer changed alone (`enable_lora`, `quantize` on `mlp` but
+        not on `mlp_ema`) raises a `ValueError` naming the first mismatch,
+        rather than pairing the wrong variables.
+        """
+
+        def relative(var, prefixes):
+            path = var.path.split("/", 1)[-1]
+            for prefix, name in prefixes:
+                if path.startswith(prefix + "/"):
+                    return name + path[len(prefix):]
+            return path
+
+        fast, ema = self.fast_weights, self.ema_weights
+        fast_keys = [relative(v, (("mlp", "mlp"), ("return_layer", "head"))) for v in fast]
+        ema_keys = [relative(v, (("mlp_ema", "mlp"), ("return_layer_ema", "head"))) for v in ema]
+        for i in range(max(len(fast), len(ema))):
+            f = fast_keys[i] if i < len(fast) else "<none>"
+            e = ema_keys[i] if i < len(ema) else "<none>"
+            if f != e or tuple(fast[i].shape) != tuple(ema[i].shape) or fast[i].dtype != ema[i].dtype:
+                raise ValueError(
+                    f"{what}: the fast critic's variable {f!r} does not match the EMA copy's {e!r}; change the EMA "
+                    "copy's layers as the fast ones (e.g. enable_lora or quantize on mlp_ema as on mlp)."
+                )
+        return list(zip(fast, ema))
+
     def init_ema(self) -> None:
         """Copies every fast variable (LayerNorm scale and centre included) into the EMA copy."""
         if not self.built:
             raise ValueError("init_ema: the critic has no variables yet; call it once or build it first.")
-        for fast, ema in zip(self.fast_weights, self.ema_weights):
+        for fast, ema in self.ema_pairs("init_ema"):
             # A copy: the two must never share storage (JAX donates buffers).
             ema.assign(ops.copy(fast.value))
 
@@ -316,9 +430,9 @@ class CriticNetwork(keras.Model):
             raise ValueError("update_ema: the critic has no variables yet; call it once or build it first.")
         if decay is not None and not ops.is_tensor(decay):
             decay = number("decay", decay, low=0.0, high=1.0)
-        fast, ema = self.fast_weights, self.ema_weights
-        fast_values = [ops.stop_gradient(v.value) for v in fast]
-        for var, value in zip(ema, self.compute_ema(fast_values, [v.value for v in ema], decay)):
+        pairs = [(f, e) for f, e in self.ema_pairs("update_ema") if f.trainable or "float" in str(f.dtype)]
+        fast_values = [ops.stop_gradient(f.value) for f, _ in pairs]
+        for (_, var), value in zip(pairs, self.compute_ema(fast_values, [e.value for _, e in pairs], decay)):
             var.assign(value)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
@@ -382,10 +496,11 @@ class CriticNetwork(keras.Model):
                 "gru_units": self.gru_units,
                 "num_z_categoricals": self.num_z_categoricals,
                 "num_z_classes": self.num_z_classes,
-                "ema_update_period": self.ema_update_period,
-                "ema_regularizer_weight": self.ema_regularizer_weight,
-                "ema_regularizer": self.ema_regularizer,
-                "ema_targets": self.ema_targets,
+                "head": self.head,
+                "hl_gauss_sigma": self.hl_gauss_sigma,
+                "ensemble_size": self.ensemble_size,
+                "aggregation": self.aggregation,
+                "aggregation_subset": self.aggregation_subset,
             }
         )
         return config

@@ -1,4 +1,4 @@
-"""The DreamerV3 critic loss: two-hot cross-entropy plus the slow-critic regulariser."""
+"""The DreamerV3 critic loss: the head's value loss plus the slow-critic regulariser."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Dict
 
 from keras import ops
 
-from multicritic.bins import bucket_range, check_bin_args, inverse_symlog, symlog, two_hot_indices
+from multicritic import heads
+from multicritic.bins import bucket_range
 from multicritic.validation import as_float32, check_same_shapes, compatible, fmt, shape_of
 
 EMA_REGULARIZERS = ("two_hot_mean", "distribution")
@@ -48,10 +49,13 @@ def critic_loss(
     ema_regularizer: str = "two_hot_mean",
     ema_regularizer_weight: float = 1.0,
     ema_logits=None,
+    head: str = "two_hot",
+    hl_gauss_sigma: float = 0.75,
 ) -> Dict[str, object]:
-    """The critic loss of DreamerV3 over `N` positions (e.g. `[H, B]`).
+    """The critic loss of DreamerV3 over `N` positions (e.g. `[H, B]`, or `[K, H, B]` for an ensemble).
 
-    Per position, with `logp = log_softmax(logits)` in float32:
+    Per position, with the default two-hot head and `logp =
+    log_softmax(logits)` in float32:
     `value_nll = -sum(logp * two_hot(symlog(value_targets)))` and
     `ema_reg = -sum(logp * two_hot(ema_value_symlog))` (two-hot of the slow
     critic's expected value, as the reference), or with
@@ -64,12 +68,18 @@ def critic_loss(
     `d total / d logits = (1 + rw) * softmax - t_value - rw * t_ema`, times
     the position's weight over N.
 
+    Other heads (`multicritic.heads`) change the per-position terms:
+    `"hl_gauss"` uses Gaussian histograms (`hl_gauss`) in place of two-hot
+    encodings; `"mse"` (logits `[..., 1]`, the symlog value itself) uses
+    `0.5 * (v - symlog(target))^2` and `0.5 * (v - ema_value_symlog)^2`.
+
     Non-finite `value_targets` / `ema_value_symlog` do not propagate: such a
     position gets zero loss (still counted in the mean) and is counted in
     `nonfinite_targets`.
 
     Args:
-        logits: `[..., num_buckets]` critic logits (any float dtype).
+        logits: `[..., num_buckets]` critic logits (any float dtype;
+            `[..., 1]` for `head="mse"`).
         value_targets: `[...]` real-space (not symlog) return targets.
         ema_value_symlog: `[...]` the slow critic's expected value, in symlog
             space (may be `None` with `ema_regularizer="distribution"`).
@@ -81,6 +91,8 @@ def critic_loss(
             reference).
         ema_logits: `[..., num_buckets]` slow-critic logits, needed for
             `"distribution"`.
+        head: `"two_hot"` (the reference), `"hl_gauss"` or `"mse"`.
+        hl_gauss_sigma: HL-Gauss standard deviation, in bucket widths.
 
     Returns:
         A dict of float32 scalars: `total`; the unweighted means `value_nll`
@@ -92,20 +104,26 @@ def critic_loss(
         Hafner et al. 2023, Sec. 3 "Critic learning" (arXiv 2301.04104);
         RLlib `DreamerV3TfLearner._compute_critic_loss`.
     """
-    check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
+    head_class = heads.get(head)
+    head_class.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
     if ema_regularizer not in EMA_REGULARIZERS:
         raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
+    if ema_regularizer not in head_class.regularizers:
+        raise ValueError(
+            f"ema_regularizer: got {ema_regularizer!r} with head={head!r}, expected one of "
+            f"{list(head_class.regularizers)}."
+        )
     if ema_regularizer == "two_hot_mean" and ema_value_symlog is None:
         raise ValueError("ema_value_symlog: got None, expected [...] values with ema_regularizer='two_hot_mean'.")
     if ema_regularizer == "distribution" and ema_logits is None:
         raise ValueError("ema_logits: got None, expected [..., num_buckets] logits with ema_regularizer='distribution'.")
     tensors = [logits, value_targets, ema_value_symlog, loss_weights, ema_logits]
     logits, value_targets, ema_value_symlog, loss_weights, ema_logits = (None if x is None else as_float32(x) for x in tensors)
-    _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, ema_logits, num_buckets)
+    width = head_class.output_units(num_buckets)
+    _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, ema_logits, width)
     if ema_value_symlog is not None:
         check_same_shapes({"value_targets": value_targets, "ema_value_symlog": ema_value_symlog})
 
-    bins = (num_buckets, lower_bound, upper_bound, bin_scheme)
     value_targets = ops.stop_gradient(value_targets)
     loss_weights = ops.stop_gradient(loss_weights)
     finite = ops.isfinite(value_targets)
@@ -116,46 +134,35 @@ def critic_loss(
     value_targets = ops.where(finite, value_targets, 0.0)
     keep = ops.cast(finite, "float32")
 
-    logp = ops.log_softmax(logits, axis=-1)
-    regularize_two_hot = ema_regularizer == "two_hot_mean"
-    # Both two-hot targets at once, in the space the scheme interpolates in.
-    if bin_scheme == "uniform_symlog":
-        targets_in_space, ema_in_space = symlog(value_targets), ema_value_symlog
-    else:
-        targets_in_space = value_targets
-        ema_in_space = None if ema_value_symlog is None else inverse_symlog(ops.clip(ema_value_symlog, lower_bound, upper_bound))
-    if regularize_two_hot:
-        both = ops.stack([targets_in_space, ema_in_space], axis=-1)
-    else:
-        both = targets_in_space[..., None]
-    k, kp1, w_k, w_kp1 = two_hot_indices(both, *bins, real_space=bin_scheme == "symexp")
-    # Gathering the two non-zero buckets per target is the reference's dense
-    # `sum(logp * two_hot)` exactly (the other terms are zeros) at a
-    # fraction of the memory traffic.
-    picked = ops.take_along_axis(logp, ops.concatenate([k, kp1], axis=-1), axis=-1) * ops.concatenate(
-        [w_k, w_kp1], axis=-1
+    value_nll, ema_reg = head_class.position_losses(
+        logits,
+        value_targets,
+        ema_value_symlog if ema_regularizer == "two_hot_mean" else None,
+        ema_logits if ema_regularizer == "distribution" else None,
+        regularizer=ema_regularizer,
+        num_buckets=num_buckets,
+        lower_bound=lower_bound,
+        upper_bound=upper_bound,
+        bin_scheme=bin_scheme,
+        sigma=hl_gauss_sigma,
     )
-    width = k.shape[-1]
-    value_nll = -(picked[..., 0] + picked[..., width])
-    if regularize_two_hot:
-        ema_reg = -(picked[..., 1] + picked[..., width + 1])
-    else:
-        ema_probs = ops.stop_gradient(ops.softmax(ema_logits, axis=-1))
-        ema_reg = -ops.sum(ema_probs * logp, axis=-1)
     value_nll = value_nll * keep
     ema_reg = ema_reg * keep
     per_position = value_nll + (ema_reg if ema_regularizer_weight == 1.0 else ema_regularizer_weight * ema_reg)
 
-    # Outside the support in real space (symlog is monotone, so this is the
-    # same test for both schemes).
-    low, high = bucket_range(*bins)
-    if bin_scheme == "uniform_symlog":
-        low, high = math.copysign(math.expm1(abs(low)), low), math.copysign(math.expm1(abs(high)), high)
-    clipped = ops.logical_or(value_targets < low, value_targets > high)
+    if head_class.has_support():
+        # Outside the support in real space (symlog is monotone, so this is
+        # the same test for both schemes).
+        low, high = bucket_range(num_buckets, lower_bound, upper_bound, bin_scheme)
+        if bin_scheme == "uniform_symlog":
+            low, high = math.copysign(math.expm1(abs(low)), low), math.copysign(math.expm1(abs(high)), high)
+        clipped = ops.logical_and(ops.logical_or(value_targets < low, value_targets > high), finite)
+    else:
+        clipped = ops.zeros_like(finite)
     return {
         "total": ops.mean(per_position * loss_weights),
         "value_nll": ops.mean(value_nll),
         "ema_regularizer": ops.mean(ema_reg),
-        "clipped_fraction": ops.mean(ops.cast(ops.logical_and(clipped, finite), "float32")),
+        "clipped_fraction": ops.mean(ops.cast(clipped, "float32")),
         "nonfinite_targets": ops.sum(1.0 - keep),
     }

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
+import keras
 import numpy as np
 
 from multicritic import integrity
@@ -47,12 +48,33 @@ def rllib_weight_names(critic: CriticNetwork) -> List[str]:
     return [name for name, _ in _ordered(critic)]
 
 
-def load_rllib_weights(critic: CriticNetwork, weights: Sequence) -> None:
+def _member_shape(critic, var, member):
+    return critic._member_shape(var) if member is not None else tuple(var.shape)
+
+
+def _check_member(critic, member):
+    if critic.ensemble_size == 1:
+        if member is not None:
+            raise ValueError(f"member: got {member!r} for a single critic (ensemble_size=1), expected None.")
+        return
+    if member is None:
+        raise ValueError(
+            f"member: got None for an ensemble of {critic.ensemble_size}; expected the member index to load into "
+            "or export (an RLlib critic is one member)."
+        )
+    if isinstance(member, bool) or not isinstance(member, (int, np.integer)) or not 0 <= member < critic.ensemble_size:
+        raise ValueError(f"member: got {member!r}, expected an integer in [0, {critic.ensemble_size}).")
+
+
+def load_rllib_weights(critic: CriticNetwork, weights: Sequence, member=None) -> None:
     """Loads RLlib's `CriticNetwork.get_weights()` list (fast, then EMA) into `critic`.
 
     Args:
         critic: a built `CriticNetwork` of the same size and bucket count.
         weights: the list of arrays, in the order of the module docstring.
+        member: for an ensemble (`ensemble_size > 1`), the member that
+            receives the RLlib critic (fast and EMA); the other members are
+            unchanged. `None` for a single critic.
 
     Raises:
         ValueError: on a count, shape or dtype mismatch or a non-finite
@@ -61,6 +83,7 @@ def load_rllib_weights(critic: CriticNetwork, weights: Sequence) -> None:
     """
     if not critic.built:
         raise ValueError("critic: not built yet; call it once or give its input sizes first.")
+    _check_member(critic, member)
     pairs = _ordered(critic)
     weights = list(weights)
     if len(weights) != len(pairs):
@@ -73,14 +96,24 @@ def load_rllib_weights(critic: CriticNetwork, weights: Sequence) -> None:
         if w is None or isinstance(w, (str, bytes)):
             raise ValueError(f"weights[{i}] ({name}): got {w!r}, expected an array of shape {list(var.shape)}.")
         named[f"weights[{i}] ({name})"] = w
-    expected = {f"weights[{i}] ({name})": (tuple(var.shape), "float32") for i, (name, var) in enumerate(pairs)}
+    expected = {
+        f"weights[{i}] ({name})": (_member_shape(critic, var, member), "float32") for i, (name, var) in enumerate(pairs)
+    }
     checked = integrity.check_arrays("weights", named, expected)
     for (_, var), w in zip(pairs, checked.values()):
-        var.assign(w)
+        if member is None:
+            var.assign(w)
+        else:  # one member of the stacked weights
+            stacked = np.array(keras.ops.convert_to_numpy(var.value))
+            stacked[member] = np.reshape(w, stacked.shape[1:])
+            var.assign(stacked)
 
 
-def export_rllib_weights(critic: CriticNetwork) -> List[np.ndarray]:
-    """The critic's weights as the list RLlib's `CriticNetwork.set_weights()` takes."""
-    import keras
-
-    return [np.asarray(keras.ops.convert_to_numpy(var.value)) for _, var in _ordered(critic)]
+def export_rllib_weights(critic: CriticNetwork, member=None) -> List[np.ndarray]:
+    """The critic's weights (an ensemble's `member`) as the list RLlib's `CriticNetwork.set_weights()` takes."""
+    _check_member(critic, member)
+    pairs = _ordered(critic)
+    arrays = [np.asarray(keras.ops.convert_to_numpy(var.value)) for _, var in pairs]
+    if member is None:
+        return arrays
+    return [np.reshape(a[member], _member_shape(critic, var, member)) for a, (_, var) in zip(arrays, pairs)]

@@ -6,6 +6,7 @@ import math
 from typing import Dict, Optional, Tuple
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -72,3 +73,35 @@ def integer(name: str, value, *, low: int = 1) -> int:
     if not ok:
         raise ValueError(f"{name}: got {value!r}, expected an integer >= {low}.")
     return int(value)
+
+
+def real_values(name: str, x):
+    """`x` as a numpy array (host data: numbers, lists, arrays) or the backend tensor it is, after
+    checking that it holds real numbers (floats, integers or booleans); a `ValueError` naming `name` else."""
+    if x is None or isinstance(x, (str, bytes)):
+        raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
+    if ops.is_tensor(x) or isinstance(x, keras.KerasTensor):
+        kind = keras.backend.standardize_dtype(x.dtype)
+        if not kind.startswith(("float", "int", "uint", "bool")):
+            raise ValueError(f"{name}: got a tensor of dtype {kind}, expected real numbers.")
+        return x
+    if not isinstance(x, (np.ndarray, list, tuple, float, int, np.generic)):
+        raise ValueError(f"{name}: got a {type(x).__name__}, expected an array or a backend tensor.")
+    try:
+        array = np.asarray(x)
+    except ValueError as err:  # ragged nested lists
+        raise ValueError(f"{name}: got a {type(x).__name__} that is not a rectangular array ({err}).") from None
+    if array.dtype.kind not in "fiub":
+        raise ValueError(f"{name}: got an array of dtype {array.dtype}, expected real numbers.")
+    return array
+
+
+def real_tensor(name: str, x, dtype: str):
+    """`x` as a backend tensor of real numbers: floating tensors and float16/32 host arrays keep their dtype,
+    integers, booleans and float64 host data become `dtype`."""
+    x = real_values(name, x)
+    if isinstance(x, np.ndarray):
+        return ops.convert_to_tensor(x if x.dtype.kind == "f" and x.dtype != np.float64 else x.astype(dtype))
+    if isinstance(x, keras.KerasTensor) or "float" in keras.backend.standardize_dtype(x.dtype):
+        return x
+    return ops.cast(x, dtype)

@@ -9,11 +9,31 @@ OPTIONS = dict(
     upper_bound=15.0,
     ema_decay=0.9,
     bin_scheme="symexp",
+    name="golden_critic",
+)
+# Heads and ensembles across backends (the cross-backend session): an
+# HL-Gauss ensemble, reduced by "min" (the draws of "min_of_random" come from
+# each backend's own random generator).
+ENSEMBLE_OPTIONS = dict(
+    model_size="micro",
+    num_buckets=101,
+    lower_bound=-15.0,
+    upper_bound=15.0,
+    ema_decay=0.9,
+    head="hl_gauss",
+    ensemble_size=3,
+    aggregation="min",
+    name="golden_ensemble",
+)
+KINDS = {"single": OPTIONS, "ensemble": ENSEMBLE_OPTIONS}
+
+# The trainer's options of the goldens (before heads and ensembles, they were
+# saved in the critic's config; restoring maps them to the trainer's).
+TRAINER_OPTIONS = dict(
     ema_update_period=2,
     ema_regularizer_weight=0.7,
     ema_regularizer="two_hot_mean",
     ema_targets=False,
-    name="golden_critic",
 )
 
 

@@ -12,10 +12,10 @@ import subprocess
 import pytest
 
 from multicritic import check
-from multicritic.check import FORWARD_KEYS, STEP_KEYS, TOLERANCE, installed_backends, run_check
+from multicritic.check import CONFIGS, FORWARD_KEYS, STEP_KEYS, TOLERANCE, installed_backends, run_check
 from tests.demo.fake_env import run_cli
 
-COLUMNS = FORWARD_KEYS + STEP_KEYS
+COLUMNS = ("compiled",) + FORWARD_KEYS + STEP_KEYS
 
 
 @pytest.fixture(scope="module")
@@ -49,64 +49,108 @@ def in_process_workers(monkeypatch, worker_outputs):
 
 
 def table(lines):
-    """{backend: (cells by column, status)} from run_check's log lines."""
-    header = next(i for i, line in enumerate(lines) if line.startswith("backend "))
+    """{(backend, config): (cells by column, status)} from run_check's log lines."""
+    header = next(i for i, line in enumerate(lines) if line.startswith("backend:config "))
     assert lines[header].split()[1:-1] == list(COLUMNS)
     rows = {}
     for line in lines[header + 1 :]:
         if line.startswith("tolerance:"):
             break
         tokens = line.split()
-        rows[tokens[0]] = (dict(zip(COLUMNS, tokens[1 : 1 + len(COLUMNS)])), " ".join(tokens[1 + len(COLUMNS) :]))
+        backend, _, config = tokens[0].partition(":")
+        rows[backend, config] = (dict(zip(COLUMNS, tokens[1 : 1 + len(COLUMNS)])), " ".join(tokens[1 + len(COLUMNS) :]))
     return rows
 
 
-def test_one_backend_reports_the_train_step_as_not_checked(in_process_workers):
+def caught(cell):
+    return cell.endswith("!")
+
+
+def value(cell):
+    return float(cell.rstrip("!"))
+
+
+def test_one_backend_checks_only_its_compiled_forward_pass(in_process_workers):
     lines = []
     assert run_check(["only"], log=lines.append) == 0
     assert in_process_workers == [("only", None)]
-    cells, status = table(lines)["only"]
-    for key in FORWARD_KEYS:
-        assert float(cells[key]) <= TOLERANCE[key]  # against the numpy forward pass: a real check
-    assert [cells[key] for key in STEP_KEYS] == ["n/a"] * len(STEP_KEYS)
-    assert status == "ok (forward only)"
-    assert "train step vs another backend (n/a: needs two backends)" in lines[0]
-    assert lines[-1].startswith("train step: NOT checked (only only ran")
-
-
-def test_a_perturbed_train_step_is_caught(in_process_workers):
-    lines = []
-    assert run_check(["first", "second"], perturb="second:step", log=lines.append) == 1
-    assert in_process_workers == [("first", None), ("second", "step")]
     rows = table(lines)
-    first, first_status = rows["first"]
-    assert [first[key] for key in STEP_KEYS] == ["ref"] * len(STEP_KEYS) and first_status == "ok"
-    second, second_status = rows["second"]
-    assert second_status == "MISMATCH"
-    # The weights after the step moved by 1e-4 (tolerance 1e-6): caught there,
-    # and nowhere else (same backend, same numbers).
-    assert second["step_fast"].endswith("!") and float(second["step_fast"][:-1]) == pytest.approx(1e-4, rel=1e-3)
-    for key in FORWARD_KEYS + ("step_total", "step_grad_norm", "step_ema"):
-        assert not second[key].endswith("!"), (key, second[key])
-    assert "train step vs the first backend (first)" in lines[0]
-    assert not any("NOT checked" in line for line in lines)
+    assert list(rows) == [("only", config) for config in CONFIGS]
+    for config in CONFIGS:
+        cells, status = rows["only", config]
+        # The backend's eager forward pass against its compiled one: a real check.
+        assert value(cells["compiled"]) <= TOLERANCE["compiled"], (config, cells)
+        assert [cells[key] for key in FORWARD_KEYS + STEP_KEYS] == ["n/a"] * 8, (config, cells)
+        assert status == "ok (one backend: compiled only)"
+    assert "forward and train step vs another backend (n/a: needs two)" in lines[0]
+    assert lines[-1].startswith("forward and train step: NOT compared across backends (only only ran")
 
 
 def test_an_unperturbed_pair_agrees_exactly(in_process_workers):
     lines = []
     assert run_check(["first", "second"], log=lines.append) == 0
-    second, status = table(lines)["second"]
-    assert status == "ok"
-    assert [float(second[key]) for key in STEP_KEYS] == [0.0] * len(STEP_KEYS)
+    rows = table(lines)
+    assert set(rows) == {(b, c) for b in ("first", "second") for c in CONFIGS}
+    for config in CONFIGS:
+        first, first_status = rows["first", config]
+        assert [first[key] for key in FORWARD_KEYS + STEP_KEYS] == ["ref"] * 8 and first_status == "ok"
+        second, status = rows["second", config]
+        assert status == "ok"
+        assert value(second["compiled"]) <= TOLERANCE["compiled"]
+        # Same backend, same numbers: every cross-backend cell is a real 0.
+        assert [value(second[key]) for key in FORWARD_KEYS + STEP_KEYS] == [0.0] * 8, (config, second)
+    assert "forward and train step vs the first backend (first)" in lines[0]
+    assert not any("NOT compared" in line for line in lines)
 
 
-def test_a_perturbed_forward_pass_is_caught_on_one_backend(in_process_workers):
+def test_a_perturbed_train_step_is_caught_only_in_the_step_columns(in_process_workers):
     lines = []
-    assert run_check(["only"], perturb="only", log=lines.append) == 1
-    cells, status = table(lines)["only"]
-    assert status == "MISMATCH (forward only)"
-    assert cells["logits"].endswith("!") and cells["ema_logits"].endswith("!")
-    assert not cells["value"].endswith("!")
+    assert run_check(["first", "second"], perturb="second:step", log=lines.append) == 1
+    assert in_process_workers == [("first", None), ("second", "step")]
+    rows = table(lines)
+    for config in CONFIGS:
+        assert rows["first", config][1] == "ok"
+        second, status = rows["second", config]
+        assert status == "MISMATCH", config
+        # The weights after the step moved by 1e-4 (tolerance 1e-6): caught
+        # there, and nowhere else (same backend, same numbers).
+        assert caught(second["step_fast"]) and value(second["step_fast"]) == pytest.approx(1e-4, rel=1e-3)
+        for key in ("compiled",) + FORWARD_KEYS + ("step_total", "step_grad_norm", "step_ema"):
+            assert not caught(second[key]), (config, key, second[key])
+
+
+def test_a_perturbed_forward_pass_is_caught_only_in_the_forward_columns(in_process_workers):
+    lines = []
+    assert run_check(["first", "second"], perturb="second:forward", log=lines.append) == 1
+    assert in_process_workers == [("first", None), ("second", "forward")]
+    rows = table(lines)
+    for config in CONFIGS:
+        second, status = rows["second", config]
+        assert status == "MISMATCH", config
+        # Logits (eager and compiled alike) shifted by 1e-3 (tolerance 1e-4).
+        for key in ("logits", "ema_logits"):
+            assert caught(second[key]) and value(second[key]) == pytest.approx(1e-3, rel=1e-2), (config, key)
+        for key in ("compiled", "value", "ema_value") + STEP_KEYS:
+            assert not caught(second[key]), (config, key, second[key])
+
+
+@pytest.mark.parametrize("names", [["only"], ["first", "only"]])
+def test_a_perturbed_compiled_path_is_caught_in_the_compiled_column(in_process_workers, names):
+    lines = []
+    assert run_check(names, perturb="only:compiled", log=lines.append) == 1
+    rows = table(lines)
+    compare = len(names) > 1
+    for config in CONFIGS:
+        cells, status = rows["only", config]
+        assert status == "MISMATCH" + ("" if compare else " (one backend: compiled only)"), config
+        assert caught(cells["compiled"]) and value(cells["compiled"]) == pytest.approx(1e-3, rel=1e-2)
+        # The eager forward pass and the step are the unperturbed ones.
+        if compare:
+            assert not any(caught(cells[key]) for key in FORWARD_KEYS + STEP_KEYS), (config, cells)
+        else:
+            assert [cells[key] for key in FORWARD_KEYS + STEP_KEYS] == ["n/a"] * 8, (config, cells)
+        if compare:
+            assert rows["first", config][1] == "ok"
 
 
 @pytest.mark.cross_backend
@@ -118,6 +162,9 @@ def test_a_perturbed_train_step_is_caught_across_real_backends():
     result = run_cli("check", "--backends", f"{first},{second}", "--perturb", f"{second}:step", env={"TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.returncode == 1, result.stdout + result.stderr
     rows = table(result.stdout.splitlines())
-    assert rows[first][1] == "ok" and rows[second][1] == "MISMATCH"
-    assert rows[second][0]["step_fast"].endswith("!")
-    assert not any(rows[second][0][key].endswith("!") for key in FORWARD_KEYS)
+    assert set(rows) == {(b, c) for b in (first, second) for c in CONFIGS}
+    for config in CONFIGS:
+        assert rows[first, config][1] == "ok" and rows[second, config][1] == "MISMATCH", config
+        cells = rows[second, config][0]
+        assert caught(cells["step_fast"])
+        assert not any(caught(cells[key]) for key in ("compiled",) + FORWARD_KEYS), (config, cells)

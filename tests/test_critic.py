@@ -205,8 +205,14 @@ def test_bad_input_on_lazy_build_leaves_critic_unbuilt():
         ({"ema_decay": 1.5}, r"ema_decay: got 1.5, expected a finite number in \[0, 1\]"),
         ({"ema_decay": -0.1}, "ema_decay"),
         ({"bin_scheme": "linear"}, "bin_scheme"),
-        ({"ema_update_period": 0}, "ema_update_period"),
-        ({"ema_regularizer": "kl"}, "ema_regularizer"),
+        ({"ema_update_period": 2}, r"ema_update_period: a training option, now given to CriticTrainer"),
+        ({"ema_regularizer": "kl"}, "ema_regularizer: a training option"),
+        ({"head": "quantile"}, r"head: got 'quantile', expected one of \['two_hot', 'hl_gauss', 'mse'\]"),
+        ({"head": "hl_gauss", "bin_scheme": "symexp"}, "bin_scheme: got 'symexp' with head='hl_gauss'"),
+        ({"hl_gauss_sigma": 0.0}, r"hl_gauss_sigma: got 0.0, expected a finite number > 0"),
+        ({"ensemble_size": 0}, r"ensemble_size: got 0, expected an integer >= 1"),
+        ({"aggregation": "max"}, r"aggregation: got 'max', expected one of"),
+        ({"ensemble_size": 3, "aggregation": "min_of_random", "aggregation_subset": 4}, "aggregation_subset: got 4"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, match):
@@ -222,10 +228,10 @@ def test_config_round_trip_keeps_every_option():
         upper_bound=6.0,
         ema_decay=0.9,
         bin_scheme="symexp",
-        ema_update_period=3,
-        ema_regularizer_weight=0.5,
-        ema_regularizer="distribution",
-        ema_targets=True,
+        head="mse",
+        ensemble_size=3,
+        aggregation="min_of_random",
+        aggregation_subset=3,
     )
     config = critic.get_config()
     clone = CriticNetwork.from_config(config)

@@ -41,7 +41,7 @@ def test_nested_lists_are_arrays(critic):
         (None, "z", r"h: got None, expected a real-valued array"),
         ("h", "abc", r"z: got 'abc', expected a real-valued array"),
         ([["a"] * 16], "z", r"h: got an array of dtype <U1, expected real numbers"),
-        ("h", [[[1.0] * 4] * 4, [[1.0] * 4] * 3], r"z: got a list that is not an array"),
+        ("h", [[[1.0] * 4] * 4, [[1.0] * 4] * 3], r"z: got a list that is not a rectangular array"),
     ],
 )
 def test_unusable_inputs_name_the_argument(critic, h, z, match):
@@ -57,10 +57,9 @@ def test_unusable_inputs_name_the_argument(critic, h, z, match):
     [
         ({"ema_decay": "abc"}, r"ema_decay: got 'abc', expected a finite number in \[0, 1\]"),
         ({"ema_decay": float("nan")}, r"ema_decay: got nan"),
-        ({"ema_regularizer_weight": float("inf")}, r"ema_regularizer_weight: got inf, expected a finite number >= 0"),
-        ({"ema_update_period": 1.5}, r"ema_update_period: got 1.5, expected an integer >= 1"),
-        ({"ema_update_period": "2"}, r"ema_update_period: got '2'"),
-        ({"ema_regularizer": ["two_hot_mean"]}, r"ema_regularizer: got \['two_hot_mean'\]"),
+        ({"hl_gauss_sigma": "wide"}, r"hl_gauss_sigma: got 'wide', expected a finite number > 0"),
+        ({"ensemble_size": 2.5}, r"ensemble_size: got 2.5, expected an integer >= 1"),
+        ({"aggregation_subset": None}, r"aggregation_subset: got None"),
         ({"model_size": ["XS"]}, r"model_size: got \['XS'\], expected one of"),
         ({"model_size": None, "gru_units": "8"}, r"gru_units: got '8', expected an integer >= 1"),
         ({"num_buckets": None}, r"num_buckets: got None, expected an integer >= 2"),
@@ -73,6 +72,32 @@ def test_unusable_inputs_name_the_argument(critic, h, z, match):
 def test_bad_constructor_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CriticNetwork(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"ema_regularizer_weight": float("inf")}, r"ema_regularizer_weight: got inf, expected a finite number >= 0"),
+        ({"ema_update_period": 1.5}, r"ema_update_period: got 1.5, expected an integer >= 1"),
+        ({"ema_update_period": "2"}, r"ema_update_period: got '2'"),
+        ({"ema_regularizer": ["two_hot_mean"]}, r"ema_regularizer: got \['two_hot_mean'\]"),
+        ({"ema_targets": "yes"}, r"ema_targets: got 'yes', expected True or False"),
+        ({"seed": -1}, r"seed: got -1, expected an integer >= 0"),
+    ],
+)
+def test_bad_training_options_name_the_argument(critic, kwargs, match):
+    from multicritic import CriticTrainer
+
+    with pytest.raises(ValueError, match=match):
+        CriticTrainer(critic, **kwargs)
+
+
+def test_a_regularizer_the_head_cannot_use_is_refused():
+    from multicritic import CriticNetwork, CriticTrainer
+
+    critic = CriticNetwork(model_size="nano", head="mse")
+    with pytest.raises(ValueError, match="ema_regularizer: got 'distribution' with the critic's head='mse'"):
+        CriticTrainer(critic, ema_regularizer="distribution")
 
 
 @pytest.mark.parametrize("decay", [2.0, -0.5, float("nan"), "0.5"])

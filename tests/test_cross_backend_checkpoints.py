@@ -35,7 +35,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.portable import OPTIONS, golden_batch
+from tests.portable import KINDS, OPTIONS, TRAINER_OPTIONS, golden_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -119,11 +119,20 @@ def _config(config):
 def save(out_dir):
     import keras
 
+    backend = keras.backend.backend()
+    for kind, options in KINDS.items():
+        _save_kind(os.path.join(out_dir, kind), options, backend)
+    return {"backend": backend, "saved": out_dir}
+
+
+def _save_kind(out_dir, options, backend):
+    import keras
+
     from multicritic import CriticNetwork, CriticTrainer
 
-    backend = keras.backend.backend()
+    os.makedirs(out_dir, exist_ok=True)
     keras.utils.set_random_seed(SEEDS[backend])
-    critic = CriticNetwork(**OPTIONS)
+    critic = CriticNetwork(**options)
     rng = np.random.default_rng(SEEDS[backend])
     for v in critic.weights:  # fast and EMA weights distinct, and distinct per backend
         v.assign(rng.normal(scale=0.2, size=tuple(v.shape)).astype(np.float32))
@@ -132,7 +141,7 @@ def save(out_dir):
     seen = {"backend": np.array(backend), "config": np.array(json.dumps(critic.get_config()))}
     seen.update({f"weight_{i}": _np(v.value) for i, v in enumerate(critic.weights)})
     seen.update({f"output_{i}": x for i, x in enumerate(_outputs(critic, *_inputs(critic)))})
-    trainer = CriticTrainer(critic, learning_rate=1e-3)
+    trainer = CriticTrainer(critic, learning_rate=1e-3, **TRAINER_OPTIONS)
     for step in range(SAVED_STEPS):
         trainer.train_step(*golden_batch(critic, step))
     trainer.save(os.path.join(out_dir, "trainer"))
@@ -142,10 +151,14 @@ def save(out_dir):
         seen.update({f"step{step}_{k}": _np(v) for k, v in metrics.items()})
     seen.update({f"final_{i}": _np(v.value) for i, v in enumerate(trainer.state_variables)})
     np.savez(os.path.join(out_dir, "seen.npz"), **seen)
-    return {"backend": backend, "saved": out_dir}
 
 
 def _load_one(saver_dir):
+    reports = {kind: _load_kind(os.path.join(saver_dir, kind), options) for kind, options in KINDS.items()}
+    return dict(reports["single"], saver=reports["single"]["saver"], kinds=reports)
+
+
+def _load_kind(saver_dir, options):
     import keras
 
     from multicritic import CriticNetwork, CriticTrainer
@@ -154,7 +167,7 @@ def _load_one(saver_dir):
     n_weights = len([k for k in seen if k.startswith("weight_")])
     report = {"saver": str(seen["backend"])}
 
-    critic = CriticNetwork(**OPTIONS)
+    critic = CriticNetwork(**options)
     _scramble(critic, 1)
     critic.load_weights(os.path.join(saver_dir, "critic.weights.h5"))
     report["h5_weights_equal"] = len(critic.weights) == n_weights and all(
@@ -171,9 +184,9 @@ def _load_one(saver_dir):
     )
     report["keras_output_rel"] = _output_gaps(_outputs(loaded, *_inputs(loaded)), want)
 
-    critic = CriticNetwork(**OPTIONS)
+    critic = CriticNetwork(**options)
     _scramble(critic, 2)
-    trainer = CriticTrainer(critic, learning_rate=1e-3)
+    trainer = CriticTrainer(critic, learning_rate=1e-3, **TRAINER_OPTIONS)
     trainer.restore(os.path.join(saver_dir, "trainer.npz"))
     state = trainer.state_variables
     n_state = len([k for k in seen if k.startswith("state_")])
@@ -212,7 +225,7 @@ def _goldens():
     report["keras_output_rel"] = _output_gaps(_outputs(loaded, golden["h"], golden["z"]), want)
     critic = CriticNetwork(**OPTIONS)
     _scramble(critic, 4)
-    trainer = CriticTrainer(critic, learning_rate=1e-3)
+    trainer = CriticTrainer(critic, learning_rate=1e-3, **TRAINER_OPTIONS)
     trainer.restore(os.path.join(DATA, "golden_trainer.npz"))
     report["trainer_steps"] = int(_np(trainer.steps))
     metrics = trainer.train_step(*golden_batch(critic, SAVED_STEPS))
@@ -292,8 +305,9 @@ PAIRS = [(s, l) for s in INSTALLED for l in INSTALLED if s != l]
 
 
 @pytest.mark.parametrize("saver, loader", PAIRS, ids=[f"{s}->{l}" for s, l in PAIRS])
-def test_critic_files_saved_on_one_backend_load_on_another(reports, saver, loader):
-    r = reports[(saver, loader)]
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_critic_files_saved_on_one_backend_load_on_another(reports, saver, loader, kind):
+    r = reports[(saver, loader)]["kinds"][kind]
     assert r["saver"] == saver
     assert r["h5_weights_equal"], ".weights.h5: weights differ from the saver's"
     assert r["keras_is_critic"] and r["keras_config_equal"], ".keras: not the saved critic and options"
@@ -302,8 +316,9 @@ def test_critic_files_saved_on_one_backend_load_on_another(reports, saver, loade
 
 
 @pytest.mark.parametrize("saver, loader", PAIRS, ids=[f"{s}->{l}" for s, l in PAIRS])
-def test_trainer_checkpoint_saved_on_one_backend_resumes_on_another(reports, saver, loader):
-    r = reports[(saver, loader)]
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_trainer_checkpoint_saved_on_one_backend_resumes_on_another(reports, saver, loader, kind):
+    r = reports[(saver, loader)]["kinds"][kind]
     assert r["trainer_state_equal"], "restored state (critic, EMA, optimizer slots, counter) differs from the saver's"
     assert r["trainer_steps"] == SAVED_STEPS
     assert r["trainer_metric_keys_equal"] and set(METRICS) <= set(r["trainer_metric_rel"])

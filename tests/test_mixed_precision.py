@@ -77,3 +77,24 @@ def test_trainer_trains_with_extreme_targets(policy):
     assert metrics["value_nll"] < first
     assert all(np.all(np.isfinite(to_np(v))) for v in critic.weights)
     assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in critic.ema_weights)
+
+
+@pytest.mark.parametrize("options", [{"head": "hl_gauss"}, {"head": "mse"}, {"ensemble_size": 3}], ids=str)
+def test_heads_and_ensembles_keep_the_contract(policy, options):
+    reference = CriticNetwork(model_size="nano", dtype="float32", **options)
+    randomize(reference, seed=0, scale=0.05)
+    critic = CriticNetwork(model_size="nano", **options)
+    critic.set_weights(reference.get_weights())
+    assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in critic.weights)
+    h, z = random_inputs(critic, 16)
+    value, logits = critic(h, z)
+    ref_value, ref_logits = reference(h, z)
+    assert to_np(logits).dtype == np.float32 and to_np(value).dtype == np.float32
+    np.testing.assert_allclose(to_np(logits), to_np(ref_logits), rtol=0, atol=TOLERANCE[policy])
+    np.testing.assert_allclose(to_np(value), to_np(ref_value), rtol=0, atol=TOLERANCE[policy])
+    trainer = CriticTrainer(critic, learning_rate=3e-3)
+    targets = (np.random.default_rng(0).normal(size=16) * 100).astype(np.float32)
+    first = to_np(trainer.train_step(h, z, targets, np.ones(16, np.float32)))
+    for _ in range(10):
+        last = to_np(trainer.train_step(h, z, targets, np.ones(16, np.float32)))
+    assert all(np.isfinite(v) for v in last.values()) and last["value_nll"] < first["value_nll"]

@@ -120,3 +120,26 @@ def test_training_trajectory_matches_rllib(golden):
             np.testing.assert_allclose(metrics[key], golden[f"traj_{step}_{key}"], rtol=2e-6, err_msg=f"{key} {step}")
     for i, w in enumerate(export_rllib_weights(critic)):
         np.testing.assert_allclose(w, golden[f"traj_final_{i}"], rtol=0, atol=1e-6, err_msg=rllib_weight_names(critic)[i])
+
+
+@pytest.mark.parametrize("member", [0, 2])
+def test_an_rllib_critic_loads_into_any_ensemble_member(member, golden):
+    size = spec.FORWARD_SIZES[0]
+    ensemble = CriticNetwork(model_size=size, ensemble_size=3)
+    others = [to_np(v).copy() for v in ensemble.weights]
+    load_rllib_weights(ensemble, spec.rllib_weights(size), member=member)
+    h, z = spec.forward_inputs(size)
+    for use_ema in (False, True):
+        tag = f"{size}_{'ema' if use_ema else 'fast'}"
+        logits = to_np(ensemble(h, z, use_ema=use_ema)[1])[member]
+        scaled_close(logits, golden[f"forward_{tag}_logits"], rel=1e-5)
+    for var, before in zip(ensemble.weights, others):  # the other members are untouched
+        kept = [k for k in range(3) if k != member]
+        np.testing.assert_array_equal(to_np(var)[kept], before[kept])
+    exported = export_rllib_weights(ensemble, member=member)
+    for got, want in zip(exported, spec.rllib_weights(size)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"member: got None for an ensemble of 3"):
+        load_rllib_weights(ensemble, spec.rllib_weights(size))
+    with pytest.raises(ValueError, match=r"member: got 3, expected an integer in \[0, 3\)"):
+        export_rllib_weights(ensemble, member=3)

@@ -12,6 +12,15 @@ the chosen seed is in the error message. Scales must also be at least
 `MIN_SCALE` = 1e-6: below it the values sink towards the float32 resolution
 of the decoded value (about 1e-8 near 0) and the relative error measures
 rounding, not learning. Non-finite scales are refused.
+
+Heads and ensembles: `head` is the critic's value head ("two_hot", the
+reference; "hl_gauss"; "mse"), `ensemble` its number of members K (1 to
+`MAX_ENSEMBLE`) and `aggregation` how the members' values are reduced, for
+the lambda-return targets and for the value the demo scores ("members":
+each member learns from its own targets and the demo scores their mean).
+"hl_gauss" needs the "uniform_symlog" bins; when `bin_scheme` is not given
+(None) it is "uniform_symlog" for "hl_gauss" and "symexp" otherwise.
+"min_of_random" draws 2 members, so it needs an ensemble of 2 or more.
 """
 
 from __future__ import annotations
@@ -30,6 +39,11 @@ DEFAULT_SCALES = (1.0, 1e3, 1e6)
 # which import Keras (tests/demo/test_config.py keeps them equal).
 MODEL_SIZES = ("nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL")
 BIN_SCHEMES = ("uniform_symlog", "symexp")
+# Copies of multicritic.heads.HEADS and multicritic.critic.AGGREGATIONS (same test).
+HEADS = ("two_hot", "hl_gauss", "mse")
+AGGREGATIONS = ("mean", "min", "min_of_random", "members")
+MAX_ENSEMBLE = 64
+MIN_OF_RANDOM_SUBSET = 2  # the critic's default aggregation_subset
 # The critic's default value support: symexp(upper_bound=20).
 MAX_ABS_VALUE = math.expm1(20.0)
 MIN_SCALE = 1e-6
@@ -42,12 +56,15 @@ class DemoConfig:
     not DreamerV3's: learning rate 3e-3 with cosine decay to 2% (DreamerV3's
     critic: a constant 3e-5, the `CriticTrainer` default) and gamma 0.9
     (DreamerV3: 0.997); horizon 15, lambda 0.95 and the Adam epsilon 1e-5
-    are DreamerV3's."""
+    are DreamerV3's.
+
+    `bin_scheme=None` picks the head's default: "uniform_symlog" for
+    "hl_gauss" (the only scheme it supports), else "symexp"."""
 
     size: str = "mini"
     steps: int = 1500
     seed: int = 0
-    bin_scheme: str = "symexp"
+    bin_scheme: Optional[str] = None
     scales: Sequence[float] = DEFAULT_SCALES
     num_states: int = 48
     noise: float = 0.05
@@ -57,6 +74,18 @@ class DemoConfig:
     lambda_: float = 0.95
     learning_rate: float = 3e-3
     eval_every: int = 100
+    head: str = "two_hot"
+    ensemble: int = 1
+    aggregation: str = "mean"
+
+    def __post_init__(self):
+        if self.bin_scheme is None:
+            self.bin_scheme = default_bin_scheme(self.head)
+
+
+def default_bin_scheme(head) -> str:
+    """The demo's bins for `head`: "uniform_symlog" for "hl_gauss" (which needs them), else "symexp"."""
+    return "uniform_symlog" if head == "hl_gauss" else "symexp"
 
 
 def demo_mdp(config: DemoConfig, rng: Optional[np.random.Generator] = None) -> MDP:
@@ -85,6 +114,21 @@ def check_config(config: DemoConfig, flags: Optional[dict] = None) -> None:
         fail("size", config.size, f"one of {list(MODEL_SIZES)}")
     if config.bin_scheme not in BIN_SCHEMES:
         fail("bin_scheme", config.bin_scheme, f"one of {list(BIN_SCHEMES)}")
+    if not isinstance(config.head, str) or config.head not in HEADS:
+        fail("head", config.head, f"one of {list(HEADS)}")
+    if config.head == "hl_gauss" and config.bin_scheme != "uniform_symlog":
+        fail("bin_scheme", config.bin_scheme, f"'uniform_symlog' with {flags.get('head', 'head')} hl_gauss "
+             "(HL-Gauss targets are Gaussians over uniform symlog-space buckets)")
+    if not _is_int(config.ensemble) or not 1 <= config.ensemble <= MAX_ENSEMBLE:
+        fail("ensemble", config.ensemble, f"an integer in [1, {MAX_ENSEMBLE}]")
+    if not isinstance(config.aggregation, str) or config.aggregation not in AGGREGATIONS:
+        fail("aggregation", config.aggregation, f"one of {list(AGGREGATIONS)}")
+    if config.aggregation == "min_of_random" and config.ensemble < MIN_OF_RANDOM_SUBSET:
+        raise ValueError(
+            f"{flags.get('aggregation', 'aggregation')}: got 'min_of_random' with "
+            f"{flags.get('ensemble', 'ensemble')} {config.ensemble}, expected an ensemble of {MIN_OF_RANDOM_SUBSET} "
+            f"or more (it takes the minimum of {MIN_OF_RANDOM_SUBSET} random members)"
+        )
     for field, low in (("steps", 1), ("batch", 1), ("horizon", 1), ("eval_every", 1), ("num_states", 4)):
         value = getattr(config, field)
         if not _is_int(value) or value < low:

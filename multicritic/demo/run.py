@@ -7,13 +7,20 @@ learning rate 3e-3 with cosine decay (DreamerV3: a constant 3e-5) and gamma
 0.9 (DreamerV3: 0.997); see `DemoConfig`. The hyperparameters are the same for
 every reward scale, and the critic is scored against the exact values of a
 linear solve.
+
+With an ensemble (`DemoConfig.ensemble` K > 1) the scored value is the
+members' aggregate (`critic.aggregate`; their mean for "members"), and the
+members' disagreement is tested as an uncertainty signal: per state, the
+spread (standard deviation over members of the real-space values) against
+the absolute error of the aggregate, as Pearson and Spearman correlations
+across the states (`ScaleResult.member_spread_error_pearson` / `_spearman`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -26,8 +33,8 @@ from multicritic.sizes import get_model_dims
 from multicritic.training.trainer import CriticTrainer, predict_function
 
 __all__ = [
-    "DEFAULT_SCALES", "DemoConfig", "ScaleResult", "plot", "relative_rmse", "run_demo", "summary_table", "to_json",
-    "train_one_scale",
+    "DEFAULT_SCALES", "DemoConfig", "ScaleResult", "pearson", "plot", "relative_rmse", "run_demo", "spearman",
+    "summary_table", "to_json", "train_one_scale",
 ]
 
 
@@ -40,24 +47,82 @@ class ScaleResult:
     curve: List[List[float]] = field(default_factory=list)  # [step, relative_rmse]
     true_values: List[float] = field(default_factory=list)
     learned_values: List[float] = field(default_factory=list)
+    # Ensembles only (None with one member): per state, the members' spread
+    # (std over members of the real-space values) against the aggregate's
+    # absolute error |learned - true|, correlated across the states.
+    member_spread_error_pearson: Optional[float] = None
+    member_spread_error_spearman: Optional[float] = None
+    mean_member_spread: Optional[float] = None  # mean over states, in value units
+    relative_member_spread: Optional[float] = None  # RMS spread / RMS exact value (comparable to relative_rmse)
+    member_spreads: Optional[List[float]] = None  # per state
 
 
 def relative_rmse(learned: np.ndarray, true: np.ndarray) -> float:
     return float(np.sqrt(np.mean((learned - true) ** 2)) / np.sqrt(np.mean(true**2)))
 
 
-def _learned_values(predict, h, z) -> np.ndarray:
+def pearson(x, y) -> float:
+    """Pearson's correlation of two 1-D samples; NaN when either is constant (or shorter than 2)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"pearson: expected two 1-D arrays of one length, got shapes {x.shape} and {y.shape}")
+    if x.size < 2:
+        return float("nan")
+    dx, dy = x - x.mean(), y - y.mean()
+    norm = np.sqrt(np.sum(dx * dx) * np.sum(dy * dy))
+    if not norm > 0:
+        return float("nan")
+    return float(np.clip(np.sum(dx * dy) / norm, -1.0, 1.0))
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their average rank (as scipy.stats.rankdata's default)."""
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)  # the last (1-based) rank of each group of equal values
+    return (ends - (counts - 1) / 2.0)[inverse.reshape(-1)]
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation: Pearson's of the ranks (ties averaged); NaN when either is constant."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"spearman: expected two 1-D arrays of one length, got shapes {x.shape} and {y.shape}")
+    return pearson(_ranks(x), _ranks(y))
+
+
+def _to_numpy(x) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
+
+
+def _learned_values(predict, critic: CriticNetwork, h, z, seed: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """The scored real-space values `[S]` (the members' aggregate) and, for an ensemble, the members' `[K, S]`."""
     value, _ = predict(h, z)
-    return np.asarray(keras.ops.convert_to_numpy(inverse_symlog(value)), np.float64)
+    if critic.ensemble_size == 1:
+        return _to_numpy(inverse_symlog(value)), None
+    if critic.aggregation == "members":
+        aggregate = keras.ops.mean(value, axis=0)
+    else:  # the seed fixes the members "min_of_random" draws, the same at every evaluation
+        aggregate = critic.aggregate(value, seed=seed)
+    return _to_numpy(inverse_symlog(aggregate)), _to_numpy(inverse_symlog(value))
 
 
 def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True) -> ScaleResult:
     rng = np.random.default_rng(config.seed + 1)
     keras.utils.set_random_seed(config.seed)
-    critic = CriticNetwork(model_size=config.size, bin_scheme=config.bin_scheme)
+    critic = CriticNetwork(
+        model_size=config.size,
+        bin_scheme=config.bin_scheme,
+        head=config.head,
+        ensemble_size=config.ensemble,
+        aggregation=config.aggregation,
+    )
     schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, config.steps, alpha=0.02)
     trainer = CriticTrainer(
-        critic, keras.optimizers.Adam(schedule, epsilon=1e-5), gamma=config.gamma, lambda_=config.lambda_
+        critic,
+        keras.optimizers.Adam(schedule, epsilon=1e-5),
+        gamma=config.gamma,
+        lambda_=config.lambda_,
+        seed=config.seed if config.aggregation == "min_of_random" else None,
     )
     predict = predict_function(critic)
     true = mdp.values()
@@ -68,14 +133,21 @@ def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, 
         states, rewards, continues = mdp.rollouts(rng, rng.integers(mdp.num_states, size=config.batch), config.horizon)
         trainer.train_on_dream(h[states], z[states], rewards, continues)
         if step % config.eval_every == 0 or step == config.steps:
-            error = relative_rmse(_learned_values(predict, h, z), true)
+            error = relative_rmse(_learned_values(predict, critic, h, z, config.seed)[0], true)
             result.curve.append([step, error])
             bar.update(step, values=[("rel_rmse", error)])
     result.seconds = time.perf_counter() - start
-    learned = _learned_values(predict, h, z)
+    learned, members = _learned_values(predict, critic, h, z, config.seed)
     result.relative_rmse = relative_rmse(learned, true)
     result.true_values = true.tolist()
     result.learned_values = learned.tolist()
+    if members is not None:
+        spread, error = members.std(axis=0), np.abs(learned - true)
+        result.member_spread_error_pearson = pearson(spread, error)
+        result.member_spread_error_spearman = spearman(spread, error)
+        result.mean_member_spread = float(spread.mean())
+        result.relative_member_spread = float(np.sqrt(np.mean(spread**2)) / np.sqrt(np.mean(true**2)))
+        result.member_spreads = spread.tolist()
     return result
 
 
@@ -100,10 +172,26 @@ def run_demo(config: DemoConfig, progress: bool = True, log=print) -> List[Scale
     return results
 
 
+def _fmt(x: Optional[float], spec: str, width: int, suffix: str = "") -> str:
+    return f"{'n/a' if x is None else format(x, spec) + suffix:>{width}}"
+
+
 def summary_table(results: Sequence[ScaleResult]) -> str:
-    lines = [f"{'reward scale':>12}  {'relative RMSE':>13}  {'steps':>6}  {'seconds':>8}"]
+    """One row per reward scale; with an ensemble, also the members' relative spread and its
+    Pearson / Spearman correlation with the absolute error across states (n/a with one member)."""
+    ensemble = any(r.member_spread_error_pearson is not None for r in results)
+    head = f"{'reward scale':>12}  {'relative RMSE':>13}  {'steps':>6}  {'seconds':>8}"
+    if ensemble:
+        head += f"  {'rel. spread':>11}  {'spread~error r':>14}  {'Spearman':>8}"
+    lines = [head]
     for r in results:
-        lines.append(f"{r.reward_scale:>12g}  {100 * r.relative_rmse:>12.2f}%  {r.steps:>6d}  {r.seconds:>8.1f}")
+        line = f"{r.reward_scale:>12g}  {100 * r.relative_rmse:>12.2f}%  {r.steps:>6d}  {r.seconds:>8.1f}"
+        if ensemble:
+            spread = None if r.relative_member_spread is None else 100 * r.relative_member_spread
+            line += (f"  {_fmt(spread, '.2f', 11, '%')}"
+                     f"  {_fmt(r.member_spread_error_pearson, '.3f', 14)}"
+                     f"  {_fmt(r.member_spread_error_spearman, '.3f', 8)}")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -114,6 +202,7 @@ def to_json(config: DemoConfig, results: Sequence[ScaleResult], include_values: 
         if not include_values:
             item.pop("true_values")
             item.pop("learned_values")
+            item.pop("member_spreads")
         scales.append(item)
     return {"backend": keras.backend.backend(), "config": asdict(config) | {"scales": list(config.scales)}, "scales": scales}
 
@@ -128,7 +217,10 @@ def plot(results: Sequence[ScaleResult], path: str, title: Optional[str] = None)
     fig, axes = plt.subplots(1, n + 1, figsize=(4.2 * (n + 1), 4.0))
     for ax, r in zip(axes, results):
         true, learned = np.asarray(r.true_values), np.asarray(r.learned_values)
-        ax.scatter(true, learned, s=14)
+        if r.member_spreads is not None:  # an ensemble: +-1 member std
+            ax.errorbar(true, learned, yerr=np.asarray(r.member_spreads), fmt="o", ms=3.5, elinewidth=1)
+        else:
+            ax.scatter(true, learned, s=14)
         lo, hi = float(min(true.min(), learned.min())), float(max(true.max(), learned.max()))
         ax.plot([lo, hi], [lo, hi], "k--", lw=1)
         ax.set_title(f"reward scale {r.reward_scale:g}: rel. RMSE {100 * r.relative_rmse:.2f}%")

@@ -1,4 +1,14 @@
+from multicritic.layers.layer_norm import LayerNormalization
 from multicritic.layers.mlp import MLP
-from multicritic.layers.reward_predictor import RewardPredictorLayer
 
-__all__ = ["MLP", "RewardPredictorLayer"]
+
+def __getattr__(name):
+    # The two-hot head lives with the other heads (which build on this package).
+    if name == "RewardPredictorLayer":
+        from multicritic.heads.two_hot import RewardPredictorLayer
+
+        return RewardPredictorLayer
+    raise AttributeError(name)
+
+
+__all__ = ["LayerNormalization", "MLP", "RewardPredictorLayer"]

@@ -7,32 +7,26 @@ from typing import Optional
 import keras
 from keras import ops
 
+from multicritic.layers.initializers import MemberwiseInitializer
+from multicritic.layers.layer_norm import LayerNormalization
 from multicritic.sizes import get_model_dims
 
 
-# Torch's fused LayerNorm: rows whose largest |x| exceeds this are scaled
-# down to it first; below it no sum of squares of a row of up to 2^14 units
-# (each centred value at most 2^57) overflows float32 (2^128).
-_ROW_LIMIT = 2.0**56
-# Written out: the variance of centred values times this is reduced too, for
-# rows whose plain variance overflows (2^-128 times the variance).
-_SMALL = 2.0**-64
-# The first Dense runs on its kernel times 2^-32, so its output cannot
+# The first Dense runs on its input times 2^-32, so its output cannot
 # overflow for any finite input (float32 holds |x| < 2^128); a power of two
 # scales float32 and bfloat16 products exactly, and the LayerNorm after it
-# gives the same output with epsilon * 2^-64. Not float16: its range is too
-# narrow for the scaled kernel (see `_fit_float16`).
-_FIRST_KERNEL_SCALE = 2.0**-32
+# gives the same output with epsilon * 2^-64. A quantized first Dense
+# (whose input quantizer cannot take values that small) gets its input
+# clipped to +-2^96 instead. Not float16: its range is too narrow for either
+# (see `_fit_float16`).
+_FIRST_INPUT_SCALE = 2.0**-32
+_INPUT_LIMIT = 2.0**96
 _FLOAT16_MAX = 65504.0
 _FLOAT16_ROW_LIMIT = 2.0**8
 
 
 def _row_scale(x, limit):
-    """Per row, `limit / max(limit, max |x|)`: exactly 1 for rows within `limit`.
-
-    Two reductions rather than `abs` then one (a pass fewer over `x`); `relu`
-    and operators rather than Keras ops on Python numbers, which on PyTorch
-    become host-to-device copies (stream syncs)."""
+    """Per row, `limit / max(limit, max |x|)`: exactly 1 for rows within `limit`."""
     peak = ops.maximum(ops.amax(x, axis=-1, keepdims=True), -ops.amin(x, axis=-1, keepdims=True))
     peak = ops.cast(peak, "float32")
     return ops.cast(ops.stop_gradient(limit / (limit + ops.relu(peak - limit))), x.dtype)
@@ -48,50 +42,48 @@ def _fit_float16(x):
     return x * _row_scale(x, _FLOAT16_ROW_LIMIT)
 
 
-def layer_norm(x, gamma, beta, epsilon):
-    """Layer normalisation over the last axis: `(x - mean) / sqrt(var + eps) * gamma + beta`.
-
-    The same math as `keras.ops.layer_normalization`, which on PyTorch maps to
-    torch's fused kernel (kept there) but elsewhere computes the mean twice
-    (`moments`), costing XLA two extra passes over the activations, about 10%
-    of a large critic step; written out, XLA and Grappler fuse it to two.
-
-    Finite for any row whose sum is (the MLP keeps its rows below 2^100):
-    where the variance would overflow float32 (values past about 2^60) the
-    row is normalised by its exact scale (epsilon, which such a variance
-    dwarfs, aside). Other rows get the plain formula's bits.
-    """
-    if keras.backend.backend() == "torch":
-        # LayerNorm ignores a row's scale but for epsilon: rows past 2^56 are
-        # scaled down to it, others multiplied by exactly 1.
-        x = x * _row_scale(x, _ROW_LIMIT)
-        return ops.layer_normalization(x, gamma, beta, axis=-1, epsilon=epsilon)
-    x = ops.cast(x, "float32") if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16") else x
-    mean = ops.mean(x, axis=-1, keepdims=True)
-    centered = x - mean
-    variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
-    # For rows whose variance overflows, that of `centered * 2^-64`: a
-    # sibling reduction, which XLA fuses into the same pass (a row maximum
-    # computed first, to scale by, cost 4% of an XS train step). The inner
-    # `where` keeps the unused branch's gradient free of 0 * inf.
-    fits = ops.isfinite(variance)
-    small = ops.mean(ops.square(centered * _SMALL), axis=-1, keepdims=True)
-    inv_std = ops.where(fits, ops.rsqrt(variance + epsilon), ops.rsqrt(ops.where(fits, 1.0, small)) * _SMALL)
-    # Scaled per row first, then by gamma: grouping `rsqrt * gamma` instead
-    # makes XLA's backward pass materialise that [B, units] outer product.
-    return centered * inv_std * gamma + beta
+def dense_layer(units, *, members=None, first=False, use_bias=False, kernel_initializer="glorot_uniform",
+                bias_initializer="zeros", dtype=None, name=None):
+    """A `keras.layers.Dense`, or for `members=K` an `EinsumDense` holding K stacked kernels `[K, in, units]`
+    (one batched matmul). `first`: the input `[B, in]` is shared by all members and the output is `[B, K, units]`;
+    else the input is member-major `[K, B, in]`, the output `[K, B, units]` (a bias `[K, 1, units]`)."""
+    if members is None:
+        return keras.layers.Dense(
+            units, use_bias=use_bias, kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
+            dtype=dtype, name=name,
+        )
+    return keras.layers.EinsumDense(
+        "bi,kio->bko" if first else "kbi,kio->kbo",
+        output_shape=(members, units) if first else (None, units),
+        bias_axes="ko" if use_bias else None,
+        kernel_initializer=MemberwiseInitializer(kernel_initializer),
+        bias_initializer=bias_initializer,
+        dtype=dtype,
+        name=name,
+    )
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
 class MLP(keras.layers.Layer):
-    """A stack of `Dense -> LayerNormalization -> SiLU` blocks.
+    """A stack of `Dense -> LayerNorm -> SiLU` blocks, optionally as an ensemble of stacked members.
 
     Each hidden block is a bias-free `Dense` (the LayerNorm's centre replaces
-    the bias), a `LayerNormalization(epsilon=1e-3)` with scale and centre, then
-    SiLU, in that order (Hafner et al. 2023, Fig. 5 and Appendix B). An
-    optional linear output layer goes on top; the critic uses none. The
-    Dense and LayerNormalization sub-layers hold the variables (and their
-    names); `call` applies them with the same ops as their own `call`.
+    the bias), a `LayerNormalization(epsilon=1e-3)` with scale and centre, then SiLU,
+    in that order (Hafner et al. 2023, Fig. 5 and Appendix B). An optional
+    linear output layer goes on top; the critic uses none. Every sub-layer's
+    own `call` runs, so Keras's quantization (`quantize("int8")`), LoRA
+    (`enable_lora`) and dtype policies apply to them.
+
+    With `members=K` the same blocks hold K independently initialised members
+    as stacked weights (`EinsumDense` kernels `[K, in, units]`, LayerNorm
+    scales `[K, units]`): one batched matmul per layer, no loop over members.
+
+    Finite inputs give finite outputs: the first Dense runs on its input
+    times 2^-32 (its LayerNorm on epsilon times 2^-64: the same output), so
+    it cannot overflow, nor can a LayerNorm's variance (see
+    `LayerNormalization`); a quantized first Dense gets its input clipped to
+    +-2^96 instead. With members the input must be `[B, in]` (rank 2: Keras's
+    EinsumDense quantization needs explicit equations).
 
     Args:
         model_size: a DreamerV3 model size (see `get_model_dims`) giving the
@@ -102,20 +94,25 @@ class MLP(keras.layers.Layer):
         output_layer_size: width of an optional linear output layer with
             bias; `None` for no output layer.
         kernel_initializer: initializer of the Dense kernels
-            (default glorot-uniform, as the reference).
+            (default glorot-uniform, as the reference); per member.
+        members: `None` (one MLP) or the ensemble size `K`.
         **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: float tensor `[..., input_dim]`.
+        inputs: float tensor `[..., input_dim]` (`[B, input_dim]` with
+            members; shared by all of them).
 
     Returns:
-        `[..., dense_hidden_units]`, or `[..., output_layer_size]` with an
-        output layer.
+        `[..., dense_hidden_units]` (member-major `[K, B,
+        dense_hidden_units]` with members), or the output layer's width with
+        one.
 
     Example:
         >>> mlp = MLP(model_size="XS")
         >>> mlp(np.zeros((4, 1280), "float32")).shape
         (4, 256)
+        >>> MLP(model_size="XS", members=5)(np.zeros((4, 1280), "float32")).shape
+        (5, 4, 256)
 
     Reference:
         Hafner et al., "Mastering Diverse Domains through World Models",
@@ -130,6 +127,7 @@ class MLP(keras.layers.Layer):
         dense_hidden_units: Optional[int] = None,
         output_layer_size: Optional[int] = None,
         kernel_initializer="glorot_uniform",
+        members: Optional[int] = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -146,16 +144,21 @@ class MLP(keras.layers.Layer):
             )
         if output_layer_size is not None and (int(output_layer_size) != output_layer_size or output_layer_size < 1):
             raise ValueError(f"output_layer_size: got {output_layer_size!r}, expected a positive integer or None.")
+        if members is not None and (isinstance(members, bool) or int(members) != members or members < 1):
+            raise ValueError(f"members: got {members!r}, expected a positive integer or None.")
         self.model_size = model_size
         self.num_dense_layers = dims["num_dense_layers"]
         self.dense_hidden_units = dims["dense_hidden_units"]
         self.output_layer_size = output_layer_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.members = None if members is None else int(members)
+        self._float16 = self.compute_dtype == "float16"
 
         self.dense_layers = [
-            keras.layers.Dense(
+            dense_layer(
                 self.dense_hidden_units,
-                use_bias=False,
+                members=self.members,
+                first=i == 0,
                 kernel_initializer=self.kernel_initializer,
                 dtype=self.dtype_policy,
                 name=f"dense_{i}",
@@ -163,13 +166,16 @@ class MLP(keras.layers.Layer):
             for i in range(self.num_dense_layers)
         ]
         self.layer_normalizations = [
-            keras.layers.LayerNormalization(epsilon=1e-3, dtype=self.dtype_policy, name=f"layer_norm_{i}")
+            LayerNormalization(epsilon=1e-3, members=self.members, dtype=self.dtype_policy, name=f"layer_norm_{i}")
             for i in range(self.num_dense_layers)
         ]
         self.output_layer = None
         if output_layer_size:
-            self.output_layer = keras.layers.Dense(
+            self.output_layer = dense_layer(
                 output_layer_size,
+                members=self.members,
+                first=self.num_dense_layers == 0,
+                use_bias=True,
                 kernel_initializer=self.kernel_initializer,
                 dtype=self.dtype_policy,
                 name="output",
@@ -179,36 +185,38 @@ class MLP(keras.layers.Layer):
         shape = tuple(input_shape)
         for dense, norm in zip(self.dense_layers, self.layer_normalizations):
             dense.build(shape)
-            shape = shape[:-1] + (self.dense_hidden_units,)
+            shape = dense.compute_output_shape(shape)
+            if self.members is not None and len(shape) == 3 and shape[1] == self.members and shape[0] != self.members:
+                shape = (shape[1], shape[0], shape[2])
             norm.build(shape)
         if self.output_layer is not None:
             self.output_layer.build(shape)
 
     def call(self, inputs):
-        # The sub-layers' variables are applied directly (the same ops as
-        # Dense.call and LayerNormalization.call): one Keras layer call
-        # instead of two per block, which is most of a small step's Python
-        # time on PyTorch. Variables are autocast by this layer's call.
-        # Finite inputs give finite outputs: the first Dense cannot overflow
-        # (see `_FIRST_KERNEL_SCALE`, `_fit_float16`), nor can a LayerNorm's
-        # variance (see `layer_norm`).
-        float16 = self.compute_dtype == "float16"
-        x = _fit_float16(inputs) if float16 else inputs
+        scale = 1.0
+        if self._float16:
+            x = _fit_float16(inputs)
+        elif self.dense_layers and getattr(self.dense_layers[0], "quantization_mode", None) is None:
+            scale = _FIRST_INPUT_SCALE
+            x = inputs * scale
+        else:
+            x = ops.clip(inputs, -_INPUT_LIMIT, _INPUT_LIMIT)
         for i, (dense, norm) in enumerate(zip(self.dense_layers, self.layer_normalizations)):
-            kernel, epsilon = dense.kernel, norm.epsilon
-            if i == 0 and not float16:
-                # `.value` (autocast) times a number: a tensor operator, no Keras op.
-                kernel, epsilon = kernel.value * _FIRST_KERNEL_SCALE, epsilon * _FIRST_KERNEL_SCALE**2
-            x = ops.matmul(x, kernel)
-            x = layer_norm(x, norm.gamma, norm.beta, epsilon)
-            x = ops.silu(ops.cast(x, self.compute_dtype))
+            x = dense(x)
+            if i == 0 and self.members is not None:
+                # Member-major from here on ([K, B, units]): batched matmuls
+                # without transposes, and the heads' outputs come out [K, B, ...].
+                x = ops.transpose(x, (1, 0, 2))
+            x = ops.silu(norm(x, input_scale=scale) if i == 0 and scale != 1.0 else norm(x))
         if self.output_layer is not None:
-            x = ops.matmul(x, self.output_layer.kernel) + self.output_layer.bias
+            x = self.output_layer(x)
         return x
 
     def compute_output_shape(self, input_shape):
         width = self.output_layer_size or self.dense_hidden_units
-        return tuple(input_shape)[:-1] + (width,)
+        if self.members is None:
+            return tuple(input_shape)[:-1] + (width,)
+        return (self.members,) + tuple(input_shape)[:-1] + (width,)
 
     def get_config(self):
         config = super().get_config()
@@ -219,6 +227,7 @@ class MLP(keras.layers.Layer):
                 "dense_hidden_units": self.dense_hidden_units,
                 "output_layer_size": self.output_layer_size,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "members": self.members,
             }
         )
         return config

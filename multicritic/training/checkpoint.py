@@ -24,19 +24,26 @@ import keras
 import numpy as np
 
 from multicritic import integrity
+from multicritic.critic import CriticNetwork, upgrade_config
 
 FORMAT = "multicritic-trainer-checkpoint-2"
 LEGACY_FORMATS = ("multicritic-trainer-checkpoint-1",)
 # Keys of the critic config that are not part of what it computes.
 IGNORED_CRITIC_KEYS = ("name", "dtype", "trainable")
 # Trainer options that change the math of a step (the rest say how it runs).
-MATH_OPTIONS = ("gamma", "lambda_", "grad_clip")
+MATH_OPTIONS = ("gamma", "lambda_", "grad_clip", "ema_update_period", "ema_regularizer_weight", "ema_regularizer",
+                "ema_targets")
+# The values files written before an option existed meant.
+_OPTION_DEFAULTS = {"ema_update_period": 1, "ema_regularizer_weight": 1.0, "ema_regularizer": "two_hot_mean",
+                    "ema_targets": False}
 
 
-def _key(var, critic_name: str, optimizer_vars: set, steps) -> str:
+def _key(var, critic_name: str, optimizer_vars: set, steps, seed_states) -> str:
     path = var.path
     if var is steps:
         return "trainer/steps"
+    if id(var) in seed_states:
+        return "trainer/" + seed_states[id(var)]
     if id(var) in optimizer_vars:
         # `adam/<critic>_mlp_dense_0_kernel_momentum` -> `optimizer/critic_mlp_dense_0_kernel_momentum`
         name = path.split("/", 1)[-1]
@@ -52,9 +59,12 @@ def keyed_variables(trainer) -> Dict[str, object]:
     """`{key: variable}` for every state variable of `trainer`, keys independent of names given by the user."""
     critic_name = trainer.critic.name
     optimizer_vars = {id(v) for v in trainer.optimizer.variables}
+    seed_states = {
+        id(g.state): "seed" + ("" if stream is None else "_" + stream) for stream, g in trainer.seed_generators.items()
+    }
     out = {}
     for var in trainer.state_variables:
-        key = _key(var, critic_name, optimizer_vars, trainer.steps)
+        key = _key(var, critic_name, optimizer_vars, trainer.steps, seed_states)
         if key in out:
             raise ValueError(f"checkpoint: two state variables share the key {key!r}; cannot save this trainer.")
         out[key] = var
@@ -145,14 +155,14 @@ def load(trainer, path) -> None:
     """Restores a state written by `save` into `trainer`; all or nothing."""
     meta, fmt, arrays, by_position = _read(path)
     where = f"path: {os.fspath(path)!r}"
-    critic_diff = integrity.config_differences(
-        {k: v for k, v in meta["critic_config"].items()},
-        trainer.critic.get_config(),
-        IGNORED_CRITIC_KEYS,
-    )
+    saved_config, moved_options = meta["critic_config"], {}
+    if isinstance(trainer.critic, CriticNetwork):
+        saved_config, moved_options = upgrade_config(saved_config)
+    critic_diff = integrity.config_differences(saved_config, trainer.critic.get_config(), IGNORED_CRITIC_KEYS)
     if critic_diff:
         raise ValueError(f"{where} holds another critic configuration: {'; '.join(critic_diff)}.")
-    saved_options = {k: meta["trainer_options"].get(k) for k in MATH_OPTIONS}
+    saved_options = dict(_OPTION_DEFAULTS, **moved_options, **meta["trainer_options"])
+    saved_options = {k: saved_options.get(k) for k in MATH_OPTIONS}
     options = {k: trainer.options().get(k) for k in MATH_OPTIONS}
     option_diff = integrity.config_differences(saved_options, options)
     if option_diff:

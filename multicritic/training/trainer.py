@@ -1,14 +1,13 @@
 """`CriticTrainer`: the critic's compiled train steps, with the step's math shared by all backends.
 
 The math of a step (forward passes, loss, clipping, optimizer update, EMA
-update) is written here once, against `keras.ops` and `Variable.assign`. The
-modules `tensorflow.py`, `torch.py` and `jax.py` beside this one only say how
-gradients are taken and how the step is compiled on their backend.
+update) is written here once, against `keras.ops` and `Variable.assign`. How
+gradients are taken and how the step is compiled is the backend contract's
+(`multicritic.backend`), which sees the step only as a `StepProgram`.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 from typing import Callable, Dict, Optional
 
@@ -16,20 +15,15 @@ import keras
 import numpy as np
 from keras import ops
 
+from multicritic import backend, heads
+from multicritic.backend import StepProgram
 from multicritic.bins import inverse_symlog
 from multicritic.critic import CriticNetwork
-from multicritic.losses import critic_loss
+from multicritic.multi_critic import MultiCritic
+from multicritic.losses import EMA_REGULARIZERS, critic_loss
 from multicritic.returns import dream_loss_weights, lambda_returns
 from multicritic.training import checkpoint
-from multicritic.validation import as_float32, fmt, number
-
-
-def backend_module():
-    """The backend-specific half of the trainer for the running Keras backend."""
-    name = keras.backend.backend()
-    if name not in ("tensorflow", "torch", "jax"):
-        raise ValueError(f"KERAS_BACKEND: got {name!r}, expected 'tensorflow', 'torch' or 'jax'.")
-    return importlib.import_module(f"multicritic.training.{name}")
+from multicritic.validation import as_float32, fmt, integer, number, real_values
 
 
 def predict_function(critic: CriticNetwork, use_ema: bool = False) -> Callable:
@@ -41,7 +35,7 @@ def predict_function(critic: CriticNetwork, use_ema: bool = False) -> Callable:
     PyTorch: the eager forward under `torch.no_grad()`. Inputs are converted
     to float32 and checked like `critic(h, z)`.
     """
-    run = backend_module().make_predict_function(critic, bool(use_ema))
+    run = backend.current().make_predict_function(critic, bool(use_ema))
 
     def predict(h, z):
         h, z = ops.convert_to_tensor(_as_float32(h, "h")), ops.convert_to_tensor(_as_float32(z, "z"))
@@ -52,6 +46,18 @@ def predict_function(critic: CriticNetwork, use_ema: bool = False) -> Callable:
     return predict
 
 
+def _nonfinite(x):
+    """1.0 when `x` holds a non-finite value, else 0.0: from its sum (one cheap reduction; a count of
+    non-finite entries costs several passes). Finite states so large that their sum overflows (|x| near
+    float32's limit) count as non-finite too."""
+    return 1.0 - ops.cast(ops.isfinite(ops.sum(x)), "float32")
+
+
+def _repeat_last(x, k):
+    """`x [...]` repeated to `[..., k]`."""
+    return ops.repeat(x[..., None], k, axis=-1)
+
+
 def global_norm(tensors):
     return ops.sqrt(sum(ops.sum(t * t) for t in tensors))
 
@@ -59,21 +65,9 @@ def global_norm(tensors):
 def _as_float32(x, name="x"):
     """Host data as a float32 numpy array (its values are checked on the host), tensors as float32 tensors
     cut from any autograd graph they carry (nothing outside the critic may receive gradients)."""
-    if x is None or isinstance(x, (str, bytes)):
-        raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
-    if isinstance(x, (np.ndarray, list, tuple, float, int, np.generic)):
-        try:
-            array = np.asarray(x)
-        except ValueError as err:  # ragged nested lists
-            raise ValueError(f"{name}: got a {type(x).__name__} that is not a rectangular array ({err}).") from None
-        if array.dtype.kind not in "fiub":
-            raise ValueError(f"{name}: got an array of dtype {array.dtype}, expected real numbers.")
-        return array.astype(np.float32, copy=False)
-    if not ops.is_tensor(x):
-        raise ValueError(f"{name}: got a {type(x).__name__}, expected an array or a backend tensor.")
-    kind = keras.backend.standardize_dtype(x.dtype)
-    if not kind.startswith(("float", "int", "uint", "bool")):
-        raise ValueError(f"{name}: got a tensor of dtype {kind}, expected real numbers.")
+    x = real_values(name, x)
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float32, copy=False)
     return ops.stop_gradient(as_float32(x))
 
 
@@ -84,12 +78,15 @@ class CriticTrainer:
     stateless step, or PyTorch autograd with optional `torch.compile`): the
     fast and EMA forward passes, `critic_loss`, gradients of the fast weights
     only, global-norm clipping, the optimizer update, then the EMA update
-    (every `critic.ema_update_period` steps). After each call the critic's
+    (every `ema_update_period` steps). After each call the critic's
     and optimizer's variables hold the new values on every backend.
 
-    The slow-critic options (`ema_decay`, `ema_update_period`,
-    `ema_regularizer`, `ema_regularizer_weight`, `ema_targets`) are
-    attributes of the critic, so they travel with its checkpoints.
+    The critic holds the model (architecture, head, members, the EMA decay);
+    how it is trained is set here. An ensemble (`critic.ensemble_size > 1`)
+    is trained as K critics at once: targets come from the aggregate of the
+    members' values (`critic.aggregation`; `"members"`: each member its own),
+    every member is regularised towards its own EMA copy, and the loss is the
+    mean of the members' losses.
 
     Args:
         critic: a built `CriticNetwork`.
@@ -100,6 +97,16 @@ class CriticTrainer:
         gamma: discount for lambda-returns and dream loss weights.
         lambda_: TD(lambda) parameter.
         grad_clip: global-norm clip (100 in the reference); `None` for none.
+        ema_update_period: update the EMA every this many optimizer steps.
+        ema_regularizer_weight: weight of the slow-critic regulariser in the
+            loss (1.0 in the reference).
+        ema_regularizer: `"two_hot_mean"` (cross-entropy to the head's
+            target encoding of the EMA critic's value, the reference) or
+            `"distribution"` (cross-entropy to the EMA critic's bucket
+            distribution).
+        ema_targets: compute lambda-return targets from the EMA critic's
+            values instead of the fast critic's.
+        seed: seed of the member draws of `aggregation="min_of_random"`.
         learning_rate, epsilon: of the default Adam (3e-5, 1e-5).
         jit_compile: TensorFlow: compile the step with XLA; PyTorch: compile
             the update (clip, optimizer, EMA) with `torch.compile` (about 15 s
@@ -131,13 +138,18 @@ class CriticTrainer:
         gamma: float = 0.997,
         lambda_: float = 0.95,
         grad_clip: Optional[float] = 100.0,
+        ema_update_period: int = 1,
+        ema_regularizer_weight: float = 1.0,
+        ema_regularizer: str = "two_hot_mean",
+        ema_targets: bool = False,
+        seed: Optional[int] = None,
         learning_rate: float = 3e-5,
         epsilon: float = 1e-5,
         jit_compile: bool = False,
         check_finite: bool = True,
     ):
-        if not isinstance(critic, CriticNetwork):
-            raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork.")
+        if not isinstance(critic, (CriticNetwork, MultiCritic)):
+            raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic.")
         if not critic.built:
             raise ValueError("critic: not built yet; call it once on a batch (or give its input sizes) first.")
         if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -150,7 +162,20 @@ class CriticTrainer:
         grad_clip = number("grad_clip", grad_clip, low=0.0, low_open=True, allow_none=True)
         learning_rate = number("learning_rate", learning_rate, low=0.0, low_open=True)
         epsilon = number("epsilon", epsilon, low=0.0, low_open=True)
-        for name, flag in (("jit_compile", jit_compile), ("check_finite", check_finite)):
+        ema_update_period = integer("ema_update_period", ema_update_period)
+        ema_regularizer_weight = number("ema_regularizer_weight", ema_regularizer_weight, low=0.0)
+        if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
+            raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
+        members = critic.streams.values() if isinstance(critic, MultiCritic) else [critic]
+        for member in members:
+            if ema_regularizer not in heads.get(member.head).regularizers:
+                raise ValueError(
+                    f"ema_regularizer: got {ema_regularizer!r} with the critic's head={member.head!r}, expected one of "
+                    f"{list(heads.get(member.head).regularizers)}."
+                )
+        if seed is not None:
+            seed = integer("seed", seed, low=0)
+        for name, flag in (("jit_compile", jit_compile), ("check_finite", check_finite), ("ema_targets", ema_targets)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name}: got {flag!r}, expected True or False.")
         self.critic = critic
@@ -164,18 +189,30 @@ class CriticTrainer:
         self.gamma = float(gamma)
         self.lambda_ = float(lambda_)
         self.grad_clip = None if grad_clip is None else float(grad_clip)
+        self.ema_update_period = int(ema_update_period)
+        self.ema_regularizer_weight = float(ema_regularizer_weight)
+        self.ema_regularizer = ema_regularizer
+        self.ema_targets = bool(ema_targets)
+        self.seed = seed
         self.jit_compile = bool(jit_compile)
         self.check_finite = bool(check_finite)
         self.optimizer.build(critic.trainable_variables)
         self.steps = keras.Variable(0, dtype="int32", trainable=False, name="critic_trainer_steps")
-        self._backend = backend_module()
+        # Member draws of "min_of_random": state of the trainer, checkpointed.
+        self.seed_generators = {}
+        for stream, member in self._critics().items():
+            if member.ensemble_size > 1 and member.aggregation == "min_of_random":
+                self.seed_generators[stream] = keras.random.SeedGenerator(
+                    seed, name="critic_trainer_seed" + ("" if stream is None else "_" + stream)
+                )
+        self._backend = backend.current()
         self._compiled: Dict[str, Callable] = {}
         # One step at a time: a second thread gets a clear error, not a
         # half-updated state (or, on JAX, donated buffers).
         self._lock = threading.Lock()
         # The critic's forward pass; a backend may route it through its
         # data-parallel engine (PyTorch DDP).
-        self._forward = critic.apply_network
+        self._forward = self._backend.forward_function(critic) or critic
 
     # ------------------------------------------------------------------
     # State.
@@ -188,14 +225,20 @@ class CriticTrainer:
             + list(self.critic.non_trainable_variables)
             + list(self.optimizer.variables)
             + [self.steps]
+            + [g.state for g in self.seed_generators.values()]
         )
 
     def options(self) -> Dict[str, object]:
-        """The trainer's own options (the slow-critic options live on the critic)."""
+        """The trainer's options (the critic's own are in `critic.get_config()`)."""
         return {
             "gamma": self.gamma,
             "lambda_": self.lambda_,
             "grad_clip": self.grad_clip,
+            "ema_update_period": self.ema_update_period,
+            "ema_regularizer_weight": self.ema_regularizer_weight,
+            "ema_regularizer": self.ema_regularizer,
+            "ema_targets": self.ema_targets,
+            "seed": self.seed,
             "jit_compile": self.jit_compile,
             "check_finite": self.check_finite,
         }
@@ -225,56 +268,131 @@ class CriticTrainer:
     # ------------------------------------------------------------------
     # The step's math, shared by all backends.
 
-    def _loss_parts(self, h, z, value_targets, loss_weights, fast=None, ema=None):
-        """The loss from (possibly precomputed) fast and EMA outputs."""
-        critic = self.critic
-        value, logits = fast if fast is not None else self._forward(h, z)
-        regularize = critic.ema_regularizer_weight > 0.0
+    @staticmethod
+    def _like(x, value):
+        """`x [...]` broadcast to an ensemble's `value [K, ...]` (targets and weights shared by the members)."""
+        if len(x.shape) == len(value.shape):
+            return x
+        return ops.repeat(x[None], value.shape[0], axis=0)
+
+    # The step's math works on named critics: `{None: critic}` for one
+    # critic, the streams of a `MultiCritic`.
+
+    def _critics(self) -> Dict[Optional[str], CriticNetwork]:
+        return self.critic.streams if isinstance(self.critic, MultiCritic) else {None: self.critic}
+
+    def _outputs(self, h, z, use_ema=False):
+        out = self._forward(h, z, use_ema=use_ema)
+        return out if isinstance(out, dict) else {None: out}
+
+    def _combine(self, per_stream):
+        """One critic's losses, or the streams' weighted sum with per-stream metrics (`"task/total"`)."""
+        if list(per_stream) == [None]:
+            losses = per_stream[None]
+            return losses["total"], losses
+        weights = self.critic.stream_weights
+        metrics = {f"{s}/{k}": v for s, losses in per_stream.items() for k, v in losses.items()}
+        metrics["total"] = sum(weights[s] * losses["total"] for s, losses in per_stream.items())
+        for count in ("invalid_inputs", "nonfinite_targets"):
+            metrics[count] = sum(losses[count] for losses in per_stream.values())
+        return metrics["total"], metrics
+
+    def _critic_losses(self, critic, fast, ema, value_targets, loss_weights):
+        """One critic's loss from its fast and EMA outputs (an ensemble's `[K, ...]`)."""
+        value, logits = fast
+        regularize = self.ema_regularizer_weight > 0.0
         ema_value = ema_logits = None
         if regularize:
-            ema_value, ema_logits = ema if ema is not None else self._forward(h, z, use_ema=True)
-            ema_value, ema_logits = ops.stop_gradient(ema_value), ops.stop_gradient(ema_logits)
+            ema_value, ema_logits = ops.stop_gradient(ema[0]), ops.stop_gradient(ema[1])
+        targets = self._like(value_targets, value)
         losses = critic_loss(
             logits,
-            value_targets,
-            ema_value if regularize else ops.zeros_like(value_targets),
-            loss_weights,
-            num_buckets=critic.num_buckets,
-            lower_bound=critic.lower_bound,
-            upper_bound=critic.upper_bound,
-            bin_scheme=critic.bin_scheme,
-            ema_regularizer=critic.ema_regularizer if regularize else "two_hot_mean",
-            ema_regularizer_weight=critic.ema_regularizer_weight,
-            ema_logits=ema_logits if critic.ema_regularizer == "distribution" else None,
+            targets,
+            ema_value if regularize else ops.zeros_like(targets),
+            self._like(loss_weights, value),
+            ema_regularizer=self.ema_regularizer if regularize else "two_hot_mean",
+            ema_regularizer_weight=self.ema_regularizer_weight,
+            ema_logits=ema_logits if self.ema_regularizer == "distribution" else None,
+            **critic.loss_options(),
         )
         if regularize:
             losses["ema_value_gap"] = ops.mean(ops.abs(ops.stop_gradient(value) - ema_value))
+        if critic.ensemble_size > 1:
+            # Disagreement of the members (symlog space): an uncertainty signal.
+            losses["member_spread"] = ops.mean(ops.std(ops.stop_gradient(value), axis=0))
         # Negative (or NaN) weights would turn descent into ascent: such a step is skipped.
         losses["invalid_inputs"] = ops.sum(ops.cast(ops.logical_not(loss_weights >= 0.0), "float32"))
-        return losses["total"], losses
+        return losses
+
+    def _loss_parts(self, h, z, value_targets, loss_weights):
+        fast = self._outputs(h, z)
+        ema = self._outputs(h, z, use_ema=True) if self.ema_regularizer_weight > 0.0 else {}
+        targets = value_targets if isinstance(value_targets, dict) else {None: value_targets}
+        total, losses = self._combine(
+            {s: self._critic_losses(c, fast[s], ema.get(s), targets[s], loss_weights) for s, c in self._critics().items()}
+        )
+        losses["invalid_inputs"] = losses["invalid_inputs"] + _nonfinite(h) + _nonfinite(z)
+        return total, losses
+
+    def _dream_losses(self, stream, critic, fast, ema, horizon, rewards, continues):
+        """One critic's dream loss from its outputs on the flattened `[(H+1) * B]` states."""
+        value, logits = fast
+        ema_value, ema_logits = ema if ema is not None else (None, None)
+        members = critic.ensemble_size > 1
+        per_member = members and critic.aggregation == "members"
+
+        def time_major(x, has_members=members):
+            # [N, ...] -> [H+1, B, ...]; an ensemble's [K, N, ...] -> [K, H+1, B, ...].
+            if has_members:
+                return ops.reshape(x, (x.shape[0], horizon, -1) + tuple(x.shape[2:]))
+            return ops.reshape(x, (horizon, -1) + tuple(x.shape[1:]))
+
+        def steps_before_last(x):
+            return x[:, :-1] if members else x[:-1]
+
+        source = ops.stop_gradient(ema_value if self.ema_targets else value)
+        seed = self.seed_generators.get(stream)
+        values_real = inverse_symlog(time_major(critic.aggregate(source, seed=seed), per_member))
+        if per_member:  # [K, H+1, B]: each member bootstraps from its own values
+            k = critic.ensemble_size
+            values_real = ops.moveaxis(values_real, 0, -1)
+            targets = lambda_returns(
+                _repeat_last(rewards, k), _repeat_last(continues, k), values_real, self.gamma, self.lambda_
+            )
+            targets = ops.moveaxis(targets, -1, 0)
+        else:
+            targets = lambda_returns(rewards, continues, values_real, self.gamma, self.lambda_)
+        weights = dream_loss_weights(continues, self.gamma)[:-1]
+        fast = (steps_before_last(time_major(value)), steps_before_last(time_major(logits)))
+        if ema is not None:
+            ema = (steps_before_last(time_major(ema_value)), steps_before_last(time_major(ema_logits)))
+        losses = self._critic_losses(critic, fast, ema, targets, weights)
+        losses["value_target_mean"] = ops.mean(targets)
+        if isinstance(self.critic, MultiCritic):
+            # The stream's return statistics over the whole (data-parallel: gathered) batch.
+            low, high = self.critic.normalizers[stream].statistics(self._backend.all_gather(ops.stop_gradient(targets)))
+            losses["return_low"], losses["return_high"] = low, high
+        return losses
 
     def _dream_loss(self, h, z, rewards, continues):
-        critic = self.critic
         horizon = h.shape[0]
         flat_h = ops.reshape(h, (-1, h.shape[-1]))
         flat_z = ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
-        value, logits = self._forward(flat_h, flat_z)
-        need_ema = critic.ema_regularizer_weight > 0.0 or critic.ema_targets
-        ema_value, ema_logits = self._forward(flat_h, flat_z, use_ema=True) if need_ema else (None, None)
-
-        def time_major(x):
-            return ops.reshape(x, (horizon, -1) + tuple(x.shape[1:]))
-
-        source = ema_value if critic.ema_targets else value
-        values_real = inverse_symlog(ops.stop_gradient(time_major(source)))
-        targets = lambda_returns(rewards, continues, values_real, self.gamma, self.lambda_)
-        weights = dream_loss_weights(continues, self.gamma)[:-1]
-        fast = (time_major(value)[:-1], time_major(logits)[:-1])
-        ema = (time_major(ema_value)[:-1], time_major(ema_logits)[:-1]) if need_ema else None
-        total, losses = self._loss_parts(None, None, targets, weights, fast=fast, ema=ema)
-        losses["value_target_mean"] = ops.mean(targets)
+        fast = self._outputs(flat_h, flat_z)
+        need_ema = self.ema_regularizer_weight > 0.0 or self.ema_targets
+        ema = self._outputs(flat_h, flat_z, use_ema=True) if need_ema else {}
+        rewards = rewards if isinstance(rewards, dict) else {None: rewards}
+        total, losses = self._combine(
+            {
+                s: self._dream_losses(s, c, fast[s], ema.get(s), horizon, rewards[s], continues)
+                for s, c in self._critics().items()
+            }
+        )
         outside = ops.logical_not(ops.logical_and(continues >= 0.0, continues <= 1.0))
-        losses["invalid_inputs"] = losses["invalid_inputs"] + ops.sum(ops.cast(outside, "float32"))
+        # Non-finite states: the critic's forward pass would clip them (finite
+        # outputs for any input), but they are no data to learn from.
+        invalid = ops.sum(ops.cast(outside, "float32")) + _nonfinite(h) + _nonfinite(z)
+        losses["invalid_inputs"] = losses["invalid_inputs"] + invalid
         return total, losses
 
     def _loss_scale(self):
@@ -282,8 +400,16 @@ class CriticTrainer:
             return self.optimizer.dynamic_scale
         return self.optimizer.loss_scale_factor
 
-    def _scaled_loss(self, loss):
-        return self.optimizer.scale_loss(loss)
+    def _program(self, loss_fn) -> StepProgram:
+        return StepProgram(
+            trainable=list(self.critic.trainable_variables),
+            state=self.state_variables,
+            loss=loss_fn,
+            scale_loss=self.optimizer.scale_loss,
+            apply=self._apply,
+            jit_compile=self.jit_compile,
+            private=list(self.optimizer.variables),
+        )
 
     def _apply(self, grads, losses):
         """Clip, update, EMA: shared by every backend (assignments via `Variable.assign`).
@@ -312,17 +438,23 @@ class CriticTrainer:
             factor = self.grad_clip * ops.minimum(1.0 / norm, 1.0 / self.grad_clip)
             grads = [g * factor for g in grads]
         backend = self._backend
+        period = self.ema_update_period
 
         def optimizer_step():
             backend.apply_gradients(self.optimizer, grads, critic.trainable_variables)
 
         def bookkeeping():
             self.steps.assign(self.steps + 1)
-            if critic.ema_update_period == 1:
-                critic.update_ema()
-            else:
-                due = ops.equal(self.steps % critic.ema_update_period, 0)
-                critic.update_ema(decay=ops.where(due, critic.ema_decay, 1.0))
+            if isinstance(critic, MultiCritic):
+                for stream, normalizer in critic.normalizers.items():
+                    if f"{stream}/return_low" in metrics:
+                        normalizer.update(metrics[f"{stream}/return_low"], metrics[f"{stream}/return_high"])
+            for member in self._critics().values():
+                if period == 1:
+                    member.update_ema()
+                else:
+                    due = ops.equal(self.steps % period, 0)
+                    member.update_ema(decay=ops.where(due, member.ema_decay, 1.0))
 
         optimizer_state = list(critic.trainable_variables) + list(self.optimizer.variables)
         bookkeeping_state = [self.steps] + list(critic.non_trainable_variables)
@@ -394,7 +526,7 @@ class CriticTrainer:
                 raise ValueError(f"h: got shape {fmt(tuple(batch[0].shape))}, expected [H+1, B, ...] with H >= 1.")
             fn = self._compiled.get(kind)
             if fn is None:
-                fn = self._compiled[kind] = self._backend.make_train_function(self, loss_fn, batch_axis)
+                fn = self._compiled[kind] = self._backend.make_train_function(self._program(loss_fn), batch_axis)
             return fn(*batch)
         finally:
             self._lock.release()
@@ -408,32 +540,59 @@ class CriticTrainer:
         Args:
             h: `[N, gru_units]`.
             z: `[N, num_z_categoricals, num_z_classes]`.
-            value_targets: `[N]` real-space return targets.
+            value_targets: `[N]` real-space return targets (a `MultiCritic`:
+                `{stream: [N]}`).
             loss_weights: `[N]` per-position weights.
 
         Returns:
             The metrics dict (see the class docstring).
         """
-        named = {"h": h, "z": z, "value_targets": value_targets, "loss_weights": loss_weights}
-        return self._run("direct", self._loss_parts, named, 1, 0)
+        named = {"h": h, "z": z, **self._per_stream("value_targets", value_targets), "loss_weights": loss_weights}
+
+        def loss(h, z, *rest):
+            return self._loss_parts(h, z, self._streams_of(rest[:-1]), rest[-1])
+
+        return self._run("direct", loss, named, 1, 0)
 
     def train_on_dream(self, h, z, rewards, continues) -> Dict[str, object]:
         """One update from a dreamed trajectory batch, as RLlib's DreamerV3 learner.
 
         Values of all `H+1` states come from the fast critic (or the EMA
-        critic with `critic.ema_targets`), stop-gradient'd and in real space;
+        critic with `ema_targets`), stop-gradient'd and in real space;
         targets are `lambda_returns`, weights `dream_loss_weights`; the loss
         covers t < H.
 
         Args:
             h: `[H+1, B, gru_units]` dreamed recurrent states.
             z: `[H+1, B, num_z_categoricals, num_z_classes]`.
-            rewards: `[H+1, B]` real-space rewards (`rewards[0]` unused).
+            rewards: `[H+1, B]` real-space rewards (`rewards[0]` unused); a
+                `MultiCritic`: `{stream: [H+1, B]}`.
             continues: `[H+1, B]` continue flags (`continues[0]` only enters
                 the loss weights).
 
         Returns:
             The metrics dict, plus `value_target_mean`.
         """
-        named = {"h": h, "z": z, "rewards": rewards, "continues": continues}
-        return self._run("dream", self._dream_loss, named, 2, 1)
+        named = {"h": h, "z": z, **self._per_stream("rewards", rewards), "continues": continues}
+
+        def loss(h, z, *rest):
+            return self._dream_loss(h, z, self._streams_of(rest[:-1]), rest[-1])
+
+        return self._run("dream", loss, named, 2, 1)
+
+    def _per_stream(self, name, value):
+        """`{name: value}`, or for a `MultiCritic` `{"name/stream": value[stream]}` for every stream."""
+        if not isinstance(self.critic, MultiCritic):
+            if isinstance(value, dict):
+                raise ValueError(f"{name}: got a dict, expected one array (the critic has one reward stream).")
+            return {name: value}
+        streams = self.critic.stream_names
+        if not isinstance(value, dict) or sorted(value) != sorted(streams):
+            got = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise ValueError(f"{name}: got {got}, expected a dict with one array per stream {streams}.")
+        return {f"{name}/{s}": value[s] for s in streams}
+
+    def _streams_of(self, tensors):
+        if not isinstance(self.critic, MultiCritic):
+            return tensors[0]
+        return dict(zip(self.critic.stream_names, tensors))

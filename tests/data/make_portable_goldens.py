@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from multicritic import CriticNetwork, CriticTrainer  # noqa: E402
-from tests.portable import OPTIONS, golden_batch  # noqa: E402
+from tests.portable import OPTIONS, TRAINER_OPTIONS, golden_batch  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
 
@@ -37,7 +37,7 @@ def main():
         tag = "ema" if use_ema else "fast"
         out[f"{tag}_value"] = keras.ops.convert_to_numpy(value)
         out[f"{tag}_logits"] = keras.ops.convert_to_numpy(logits)
-    trainer = CriticTrainer(critic, learning_rate=1e-3)
+    trainer = CriticTrainer(critic, learning_rate=1e-3, **TRAINER_OPTIONS)
     for step in range(3):
         trainer.train_step(*golden_batch(critic, step))
     trainer.save(HERE / "golden_trainer.npz")

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import shutil
 import sys
@@ -68,7 +69,39 @@ def test_demo_command_writes_json_and_plot(tmp_path):
     assert [s["reward_scale"] for s in data["scales"]] == [1.0, 1e6]
     for s in data["scales"]:
         assert set(s) >= {"reward_scale", "relative_rmse", "steps", "seconds"} and s["steps"] == 30
+        # One member: no spread to correlate.
+        assert s["member_spread_error_pearson"] is None and s["member_spread_error_spearman"] is None
+    assert data["config"]["head"] == "two_hot" and data["config"]["ensemble"] == 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ensemble_demo_reports_spread_error_correlations(tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    code = main(["demo", "--ensemble", "3", "--head", "hl_gauss", "--size", "nano", "--steps", "20",
+                 "--scales", "1e6", "--no-progress", "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "uniform_symlog bins, hl_gauss head, ensemble of 3 (mean)" in printed
+    assert "spread~error r" in printed and "Spearman" in printed
+    data = json.loads(out.read_text())
+    config = data["config"]
+    assert (config["head"], config["ensemble"], config["aggregation"], config["bin_scheme"]) == (
+        "hl_gauss", 3, "mean", "uniform_symlog")
+    for s in data["scales"]:
+        for key in ("member_spread_error_pearson", "member_spread_error_spearman"):
+            assert isinstance(s[key], float) and math.isfinite(s[key]) and -1.0 <= s[key] <= 1.0, (key, s[key])
+        assert math.isfinite(s["mean_member_spread"]) and s["mean_member_spread"] > 0
+        assert math.isfinite(s["relative_member_spread"]) and s["relative_member_spread"] > 0
+        assert len(s["member_spreads"]) == len(s["true_values"]) == 48
+
+
+@pytest.mark.parametrize("aggregation", ["members", "min_of_random"])
+def test_other_aggregations_run(aggregation):
+    config = DemoConfig(size="nano", steps=2, num_states=8, scales=(1.0,), eval_every=1, ensemble=2,
+                        aggregation=aggregation)
+    [result] = run_demo(config, progress=False, log=lambda *_: None)
+    assert math.isfinite(result.relative_rmse) and len(result.member_spreads) == 8
+    assert -1.0 <= result.member_spread_error_spearman <= 1.0
 
 
 @pytest.mark.parametrize(
@@ -78,6 +111,14 @@ def test_demo_command_writes_json_and_plot(tmp_path):
         (["demo", "--backend", "mxnet"], "--backend: got 'mxnet'"),
         (["demo", "--json", "/nonexistent-dir/x.json"], "--json: cannot write '/nonexistent-dir/x.json'"),
         (["demo", "--bin-scheme", "log"], "--bin-scheme: got 'log'"),
+        (["demo", "--head", "softmax"], "--head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse']"),
+        (["demo", "--head", "hl_gauss", "--bin-scheme", "symexp"],
+         "--bin-scheme: got 'symexp', expected 'uniform_symlog' with --head hl_gauss"),
+        (["demo", "--ensemble", "0"], "--ensemble: got 0, expected an integer in [1, 64]"),
+        (["demo", "--ensemble", "1000"], "--ensemble: got 1000, expected an integer in [1, 64]"),
+        (["demo", "--ensemble", "two"], "argument --ensemble: invalid int value: 'two'"),
+        (["demo", "--aggregation", "max"], "--aggregation: got 'max', expected one of"),
+        (["demo", "--aggregation", "min_of_random"], "--aggregation: got 'min_of_random' with --ensemble 1"),
         (["demo", "--steps", "0"], "--steps: got 0"),
         (["demo", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
         (["demo", "--seed", "-1"], "--seed: got -1, expected an integer in [0, 4294967295]"),
@@ -121,6 +162,8 @@ def test_clear_one_line_errors(args, message, capsys, tmp_path, monkeypatch):
         (["demo", "--scales", "1e39"], {}, "--scales: got 1e+39"),
         (["demo", "--plot", "out.xyz"], {}, "--plot: 'out.xyz' has extension '.xyz'"),
         (["demo", "--steps", "0"], {}, "--steps: got 0"),
+        (["demo", "--head", "hl_gauss", "--bin-scheme", "symexp"], {}, "--bin-scheme: got 'symexp'"),
+        (["demo", "--ensemble", "65"], {}, "--ensemble: got 65"),
         (["demo", "--backend", "mxnet"], {}, "--backend: got 'mxnet'"),
         (["demo"], {"KERAS_BACKEND": "nonsense"}, "KERAS_BACKEND: got 'nonsense', expected one of"),
         (["demo"], {"KERAS_BACKEND": "numpy"}, "KERAS_BACKEND: got 'numpy', expected one of"),
@@ -187,10 +230,13 @@ def test_backend_flag_wins_over_an_uninstalled_keras_backend(blocking, tmp_path)
 def test_check_passes_and_detects_a_perturbed_backend():
     ok = run_cli("check", "--backends", BACKEND)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    row = next(line for line in ok.stdout.splitlines() if line.startswith(f"{BACKEND} "))
-    # One backend: the train step has nothing to be compared with, and says so.
-    assert row.split()[5:] == ["n/a"] * 4 + ["ok", "(forward", "only)"], row
-    assert "train step: NOT checked" in ok.stdout
+    for config in ("two_hot", "hl_gauss", "mse", "ensemble"):
+        row = next(line for line in ok.stdout.splitlines() if line.startswith(f"{BACKEND}:{config} "))
+        # One backend: only eager vs compiled is checked; the rest says so.
+        cells = row.split()
+        assert float(cells[1]) <= 1e-5 and cells[2:10] == ["n/a"] * 8, row
+        assert cells[10:] == ["ok", "(one", "backend:", "compiled", "only)"], row
+    assert "NOT compared across backends" in ok.stdout
     bad = run_cli("check", "--backends", BACKEND, "--perturb", BACKEND)
     assert bad.returncode == 1
     assert "MISMATCH" in bad.stdout
@@ -205,8 +251,9 @@ def test_check_agrees_across_all_installed_backends():
     result = run_cli("check")
     assert result.returncode == 0, result.stdout + result.stderr
     for backend in installed_backends():
-        assert f"{backend:<11}" in result.stdout
-    assert "NOT checked" not in result.stdout and "n/a" not in result.stdout
+        for config in ("two_hot", "hl_gauss", "mse", "ensemble"):
+            assert f"{backend}:{config} " in result.stdout
+    assert "NOT compared" not in result.stdout and "n/a" not in result.stdout
 
 
 def test_every_plot_format_offered_is_one_matplotlib_writes():

@@ -4,7 +4,7 @@ import re
 import numpy as np
 import pytest
 
-from multicritic import bins, sizes
+from multicritic import bins, critic, heads, sizes
 from multicritic.bins import symexp
 from multicritic.demo import config as demo_config
 from multicritic.demo.config import MAX_ABS_VALUE, MAX_SEED, DemoConfig, check_config, demo_mdp
@@ -15,6 +15,8 @@ from tests.conftest import to_np
 def test_keras_free_copies_match_the_real_lists():
     assert demo_config.MODEL_SIZES == sizes.MODEL_SIZES
     assert demo_config.BIN_SCHEMES == bins.BIN_SCHEMES
+    assert demo_config.HEADS == tuple(heads.HEADS)
+    assert demo_config.AGGREGATIONS == critic.AGGREGATIONS
 
 
 def test_value_limit_is_the_critics_default_support():
@@ -60,6 +62,15 @@ def test_scale_limit_is_where_the_exact_values_leave_the_support():
         ({"learning_rate": math.inf}, "learning_rate: got inf"),
         ({"num_states": 3}, "num_states: got 3, expected an integer >= 4"),
         ({"horizon": 0}, "horizon: got 0"),
+        ({"head": "softmax"}, "head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse']"),
+        ({"head": None}, "head: got None"),
+        ({"head": "hl_gauss", "bin_scheme": "symexp"}, "bin_scheme: got 'symexp', expected 'uniform_symlog' with head hl_gauss"),
+        ({"ensemble": 0}, "ensemble: got 0, expected an integer in [1, 64]"),
+        ({"ensemble": 65}, "ensemble: got 65, expected an integer in [1, 64]"),
+        ({"ensemble": 2.0}, "ensemble: got 2.0"),
+        ({"ensemble": True}, "ensemble: got True"),
+        ({"aggregation": "max"}, "aggregation: got 'max', expected one of ['mean', 'min', 'min_of_random', 'members']"),
+        ({"aggregation": "min_of_random"}, "aggregation: got 'min_of_random' with ensemble 1, expected an ensemble of 2"),
     ],
 )
 def test_bad_settings_are_refused(changes, message):
@@ -73,10 +84,38 @@ def test_flag_names_in_messages():
         check_config(DemoConfig(seed=-1), {"seed": "--seed"})
 
 
+def test_heads_and_ensembles_that_run():
+    for head in demo_config.HEADS:
+        for aggregation in demo_config.AGGREGATIONS:
+            check_config(DemoConfig(head=head, ensemble=2, aggregation=aggregation))
+    check_config(DemoConfig(ensemble=demo_config.MAX_ENSEMBLE))
+    check_config(DemoConfig(head="mse", bin_scheme="uniform_symlog"))
+
+
+def test_bin_scheme_defaults_to_what_the_head_supports():
+    assert DemoConfig().bin_scheme == "symexp"
+    assert DemoConfig(head="mse").bin_scheme == "symexp"
+    assert DemoConfig(head="hl_gauss").bin_scheme == "uniform_symlog"
+    assert DemoConfig(head="two_hot", bin_scheme="uniform_symlog").bin_scheme == "uniform_symlog"
+
+
+def test_new_options_name_their_flags():
+    flags = {"head": "--head", "ensemble": "--ensemble", "aggregation": "--aggregation", "bin_scheme": "--bin-scheme"}
+    with pytest.raises(ValueError, match=r"^--bin-scheme: got 'symexp', expected 'uniform_symlog' with --head hl_gauss"):
+        check_config(DemoConfig(head="hl_gauss", bin_scheme="symexp"), flags)
+    with pytest.raises(ValueError, match=r"^--aggregation: got 'min_of_random' with --ensemble 1"):
+        check_config(DemoConfig(aggregation="min_of_random"), flags)
+    with pytest.raises(ValueError, match=r"^--ensemble: got 0"):
+        check_config(DemoConfig(ensemble=0), flags)
+
+
 def test_run_demo_refuses_before_any_work():
     logged = []
     with pytest.raises(ValueError, match="scales: got inf"):
         run_demo(DemoConfig(size="nano", steps=1, num_states=8, scales=(1.0, math.inf)), progress=False, log=logged.append)
+    with pytest.raises(ValueError, match="bin_scheme: got 'symexp'"):
+        run_demo(DemoConfig(size="nano", steps=1, num_states=8, head="hl_gauss", bin_scheme="symexp"), progress=False,
+                 log=logged.append)
     assert logged == []  # not even the first scale was started
 
 

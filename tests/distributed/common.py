@@ -35,3 +35,28 @@ def batches(kind, steps=3, n=16, horizon=6, gru=16, cats=4, classes=4):
 
 def split(batch, parts, index, axis):
     return tuple(np.array_split(x, parts, axis=axis)[index] for x in batch)
+
+
+# The critics the data-parallel tests train: the reference critic, and a
+# MultiCritic whose second stream is an HL-Gauss ensemble with its own return
+# normaliser (statistics of the gathered global batch).
+KINDS = ("single", "multi")
+
+
+def make_critic(kind):
+    from multicritic import CriticNetwork, MultiCritic
+
+    if kind == "single":
+        return CriticNetwork(model_size="nano")
+    return MultiCritic(
+        {"task": {"model_size": "nano"}, "explore": {"model_size": "nano", "head": "hl_gauss", "ensemble_size": 3}},
+        stream_weights={"explore": 0.5},
+    )
+
+
+def for_critic(kind, batch, step_kind):
+    """A direct or dream batch as `kind` takes it: a MultiCritic gets one target / reward array per stream."""
+    if kind == "single":
+        return batch
+    h, z, values, last = batch
+    return h, z, {"task": values, "explore": 0.1 * values + 1.0}, last

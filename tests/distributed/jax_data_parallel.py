@@ -1,21 +1,24 @@
 """Subprocess body of the JAX DataParallel test (JAX_NUM_CPU_DEVICES set by the caller)."""
 
 import json
+import os
 
 import jax
 import keras
 import numpy as np
 
-from multicritic import CriticNetwork, CriticTrainer
-from tests.distributed.common import batches, initial_weights
+from multicritic import CriticTrainer
+from tests.distributed.common import batches, for_critic, initial_weights, make_critic
+
+KIND = os.environ.get("MULTICRITIC_DP_CRITIC", "single")
 
 
 def run():
-    critic = CriticNetwork(model_size="nano")
+    critic = make_critic(KIND)
     critic.set_weights(initial_weights(critic))
     trainer = CriticTrainer(critic, learning_rate=1e-3)
-    metrics = [trainer.train_step(*b) for b in batches("direct")]
-    metrics += [trainer.train_on_dream(*b) for b in batches("dream")]
+    metrics = [trainer.train_step(*for_critic(KIND, b, "direct")) for b in batches("direct")]
+    metrics += [trainer.train_on_dream(*for_critic(KIND, b, "dream")) for b in batches("dream")]
     return critic, [keras.ops.convert_to_numpy(v.value) for v in critic.weights], [
         {k: float(v) for k, v in m.items()} for m in metrics
     ]

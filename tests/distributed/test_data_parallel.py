@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BACKEND
+from tests.distributed.common import KINDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -19,6 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # (PyTorch, 2 processes), relative to max(1, |value|) on JAX and TensorFlow and
 # to |value| on PyTorch; grad_norm alone 8e-8 / 1.0e-7 / 1.1e-7 relative.
 WEIGHT_ATOL = 3e-7
+# Positions dropped for the two NaN targets of the 4th batch: one critic 2; a
+# MultiCritic 2 (task) + 2 x 3 members (explore, whose targets derive from them).
+NAN_TARGETS = {"single": 2.0, "multi": 8.0}
 METRIC_RTOL = 2e-6
 
 
@@ -35,9 +39,11 @@ def run_script(name, env):
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
-def test_jax_data_parallel_equals_single_device():
+@pytest.mark.parametrize("kind", KINDS)
+def test_jax_data_parallel_equals_single_device(kind):
     # Four virtual CPU devices, set before JAX starts (a fresh process).
-    out = run_script("jax_data_parallel.py", {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "MULTICRITIC_DP_CRITIC": kind}
+    out = run_script("jax_data_parallel.py", env)
     assert out["devices"] == 4 and out["replicated"]
     assert out["max_weight_diff"] < WEIGHT_ATOL
     assert out["max_grad_norm_rel"] < METRIC_RTOL
@@ -70,14 +76,15 @@ def test_jax_data_parallel_in_this_process():
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
-def test_tensorflow_mirrored_strategy_equals_single_device():
-    out = run_script("tf_mirrored.py", {"KERAS_BACKEND": "tensorflow"})
+@pytest.mark.parametrize("kind", KINDS)
+def test_tensorflow_mirrored_strategy_equals_single_device(kind):
+    out = run_script("tf_mirrored.py", {"KERAS_BACKEND": "tensorflow", "MULTICRITIC_DP_CRITIC": kind})
     assert out["variable"] == "MirroredVariable"
     assert out["max_weight_diff"] < WEIGHT_ATOL
     assert out["max_grad_norm_rel"] < METRIC_RTOL
     # Every metric, including the non-finite target count summed over replicas.
     assert out["metric_keys_equal"] and out["max_metric_diff"] < METRIC_RTOL
-    assert out["nonfinite_targets"] == 2.0
+    assert out["nonfinite_targets"] == NAN_TARGETS[kind]
 
 
 # Metrics computed from the all-reduced gradients, hence the same on every rank.
@@ -95,10 +102,11 @@ def ddp_metrics_vs_single(ranks, single):
     for key in sorted(keys):
         name = key.split("_", 1)[1]
         values = [float(r[key]) for r in ranks]
+        base = name.split(".")[-1]  # a MultiCritic's per-stream metrics: "task.total"
         if name in DDP_GLOBAL_METRICS:
             assert values[0] == values[1], (key, values)  # every rank clipped and applied the same update
             combined = values[0]
-        elif name in DDP_SUMMED_METRICS:
+        elif base in DDP_SUMMED_METRICS:
             combined = sum(values)
         else:
             combined = sum(values) / len(values)
@@ -109,9 +117,11 @@ def ddp_metrics_vs_single(ranks, single):
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.distributed")
-def test_torch_ddp_two_processes_equal_one(tmp_path):
+@pytest.mark.parametrize("kind", KINDS)
+def test_torch_ddp_two_processes_equal_one(tmp_path, monkeypatch, kind):
     from tests.distributed.torch_ddp import launch
 
+    monkeypatch.setenv("MULTICRITIC_DP_CRITIC", kind)
     launch(1, str(tmp_path))
     launch(2, str(tmp_path))
     single = np.load(tmp_path / "rank0_of1.npz")
@@ -123,12 +133,17 @@ def test_torch_ddp_two_processes_equal_one(tmp_path):
     # depends on the gradients' scale).
     gaps = ddp_metrics_vs_single(ranks, single)
     assert int(single["steps"]) == 7 and {"grad_norm", "nonfinite_grads", "nonfinite_targets"} < set(gaps)
-    assert {"total", "value_nll", "ema_regularizer", "clipped_fraction", "ema_value_gap", "value_target_mean"} < set(gaps)
+    stream = "" if kind == "single" else "task."
+    per_critic = ("total", "value_nll", "ema_regularizer", "clipped_fraction", "ema_value_gap", "value_target_mean")
+    assert {stream + name for name in per_critic} < set(gaps)
     assert not {k: g for k, g in gaps.items() if g >= METRIC_RTOL}, gaps
-    assert float(ranks[0]["m3_nonfinite_targets"]) == float(ranks[1]["m3_nonfinite_targets"]) == 1.0
-    assert float(single["m3_nonfinite_targets"]) == 2.0
+    nan_targets = NAN_TARGETS[kind]
+    assert float(ranks[0]["m3_nonfinite_targets"]) == float(ranks[1]["m3_nonfinite_targets"]) == nan_targets / 2
+    assert float(single["m3_nonfinite_targets"]) == nan_targets
+    if kind == "multi":  # the normaliser's statistics are the global batch's on every rank
+        assert {"task.return_low", "explore.return_high", "explore.member_spread"} < set(gaps)
     weight_keys = [k for k in single.files if k.startswith("w")]
-    assert len(weight_keys) == 10  # fast and EMA
+    assert len(weight_keys) == (10 if kind == "single" else 20)  # fast and EMA
     for key in weight_keys:
         np.testing.assert_array_equal(ranks[0][key], ranks[1][key])  # EMA identical on every rank
         np.testing.assert_allclose(ranks[0][key], single[key], rtol=0, atol=WEIGHT_ATOL)

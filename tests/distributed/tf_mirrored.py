@@ -1,6 +1,7 @@
 """Subprocess body of the TensorFlow MirroredStrategy test: 2 logical CPUs, data-parallel vs single step."""
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -11,14 +12,16 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import keras  # noqa: E402
 
-from multicritic import CriticNetwork, CriticTrainer  # noqa: E402
-from tests.distributed.common import batches, initial_weights  # noqa: E402
+from multicritic import CriticTrainer  # noqa: E402
+from tests.distributed.common import batches, for_critic, initial_weights, make_critic  # noqa: E402
+
+KIND = os.environ.get("MULTICRITIC_DP_CRITIC", "single")
 
 
 def run(strategy=None):
     scope = strategy.scope() if strategy else tf.name_scope("single")
     with scope:
-        critic = CriticNetwork(model_size="nano")
+        critic = make_critic(KIND)
         critic.set_weights(initial_weights(critic))
         trainer = CriticTrainer(critic, learning_rate=1e-3, check_finite=False)
     # One batch with a non-finite target in each replica's half: the count
@@ -26,8 +29,8 @@ def run(strategy=None):
     h, z, targets, weights = batches("direct")[0]
     targets = targets.copy()
     targets[[1, 12]] = np.nan
-    metrics = [trainer.train_step(*b) for b in batches("direct") + [(h, z, targets, weights)]]
-    metrics += [trainer.train_on_dream(*b) for b in batches("dream")]
+    metrics = [trainer.train_step(*for_critic(KIND, b, "direct")) for b in batches("direct") + [(h, z, targets, weights)]]
+    metrics += [trainer.train_on_dream(*for_critic(KIND, b, "dream")) for b in batches("dream")]
     return [keras.ops.convert_to_numpy(v.value) for v in critic.weights], [
         {k: float(keras.ops.convert_to_numpy(v)) for k, v in m.items()} for m in metrics
     ], critic

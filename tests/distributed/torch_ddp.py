@@ -23,10 +23,11 @@ def train(rank, world, port, out_dir, fail_rank=None):
         )
     import keras
 
-    from multicritic import CriticNetwork, CriticTrainer
-    from tests.distributed.common import batches, initial_weights, split
+    from multicritic import CriticTrainer
+    from tests.distributed.common import batches, for_critic, initial_weights, make_critic, split
 
-    critic = CriticNetwork(model_size="nano")
+    critic_kind = os.environ.get("MULTICRITIC_DP_CRITIC", "single")
+    critic = make_critic(critic_kind)
     weights = initial_weights(critic)
     if rank == 1:  # DDP must broadcast rank 0's weights, EMA copy included
         weights = [w + 1.0 for w in weights]
@@ -49,9 +50,9 @@ def train(rank, world, port, out_dir, fail_rank=None):
             with open(os.path.join(out_dir, f"failed_rank{rank}.time"), "w") as f:
                 f.write(repr(time.time()))
             raise RuntimeError(f"injected failure on rank {rank}")
-        part = split(batch, world, rank, axis)
+        part = for_critic(critic_kind, split(batch, world, rank, axis), kind)
         metrics = trainer.train_step(*part) if kind == "direct" else trainer.train_on_dream(*part)
-        out.update({f"m{step}_{k}": np.asarray(keras.ops.convert_to_numpy(v)) for k, v in metrics.items()})
+        out.update({f"m{step}_{k.replace('/', '.')}": np.asarray(keras.ops.convert_to_numpy(v)) for k, v in metrics.items()})
     out.update({f"w{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(critic.weights)})
     np.savez(os.path.join(out_dir, f"rank{rank}_of{world}.npz"), steps=len(steps), **out)
     if world > 1:

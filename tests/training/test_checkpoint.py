@@ -5,7 +5,7 @@ import pytest
 
 from multicritic import CriticNetwork, CriticTrainer
 from tests.conftest import to_np
-from tests.portable import OPTIONS, golden_batch
+from tests.portable import OPTIONS, TRAINER_OPTIONS, golden_batch
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
 GOLDEN = dict(np.load(os.path.join(DATA, "golden_outputs.npz")))
@@ -16,7 +16,7 @@ def make(seed=0, **kwargs):
     rng = np.random.default_rng(seed)
     for v in critic.weights:
         v.assign(rng.normal(scale=0.2, size=tuple(v.shape)).astype("float32"))
-    return critic, CriticTrainer(critic, learning_rate=1e-3)
+    return critic, CriticTrainer(critic, learning_rate=1e-3, **TRAINER_OPTIONS)
 
 
 def test_resumed_run_continues_exactly(tmp_path):

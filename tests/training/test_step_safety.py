@@ -130,7 +130,8 @@ def test_nonfinite_gradients_change_nothing():
     h, z, targets, weights = direct_batch(critic, seed=9)
     h[0, 0] = np.inf
     metrics = to_np(trainer.train_step(keras.ops.convert_to_tensor(h), z, targets, weights))
-    assert metrics["nonfinite_grads"] == 1.0 and metrics["step_skipped"] == 1.0
+    # A non-finite state is an invalid input (the forward pass alone would clip it).
+    assert metrics["invalid_inputs"] == 1.0 and metrics["step_skipped"] == 1.0
     assert_unchanged(trainer, before)
     # And the next good step is exactly the step an untouched trainer takes.
     twin_critic, twin = trained()

@@ -1,0 +1,118 @@
+"""The backend contract: all that differs between TensorFlow, PyTorch and JAX, in one typed interface.
+
+Everything else in multicritic is written once against `keras.ops` and
+`Variable.assign`. A backend says only how gradients are taken, how a step is
+compiled, how a conditional update is expressed, how a constant enters a
+compiled function and how data parallelism hooks in; one module per backend
+(`tensorflow.py`, `torch.py`, `jax.py`) implements `Backend`, as Keras's own
+`backend/{jax,tensorflow,torch}/trainer.py` do for `Model.fit`.
+
+A backend module sees a train step only through a `StepProgram`: public
+callables and variable lists, no trainer internals.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import keras
+import numpy as np
+from keras import ops
+
+SUPPORTED = ("tensorflow", "torch", "jax")
+
+Metrics = Dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProgram:
+    """What a backend needs to compile one kind of train step.
+
+    Attributes:
+        trainable: the variables gradients are taken of (the fast critic's).
+        state: every variable the step reads or writes, trainable first.
+        loss: `loss(*batch) -> (loss, metrics)`, the unscaled loss.
+        scale_loss: `scale_loss(loss) -> loss` times the loss scale (mixed
+            precision), what gradients are taken of.
+        apply: `apply(grads, metrics) -> metrics`: clip, optimizer, EMA,
+            assigned through `Variable.assign`, all or nothing.
+        jit_compile: the trainer's `jit_compile` option.
+        sum_metrics: metrics that are counts (summed, not averaged, over
+            data-parallel replicas).
+        decision_metrics: counts every replica must agree on before `apply`
+            (its skip-or-update decision depends on them).
+        private: the variables of `state` that only the step reads (the
+            optimizer's slots): a backend may donate their buffers.
+    """
+
+    trainable: Sequence
+    state: Sequence
+    loss: Callable[..., Tuple[Any, Metrics]]
+    scale_loss: Callable[[Any], Any]
+    apply: Callable[[List, Metrics], Metrics]
+    jit_compile: bool
+    sum_metrics: Tuple[str, ...] = ("nonfinite_targets", "invalid_inputs")
+    decision_metrics: Tuple[str, ...] = ("invalid_inputs",)
+    private: Sequence = ()
+
+
+class Backend(abc.ABC):
+    """The per-backend half of training and inference."""
+
+    name: str
+
+    def constant(self, values: Tuple[float, ...]):
+        """A cached table of Python floats as a float32 backend tensor, usable inside this backend's compiled
+        functions."""
+        array = _ARRAYS.get(id(values))
+        if array is None:
+            array = _ARRAYS[id(values)] = np.asarray(values, np.float32)
+        return ops.convert_to_tensor(array)
+
+    def apply_gradients(self, optimizer, grads: Sequence, variables: Sequence) -> None:
+        """The optimizer update, inside a step (assignments through `Variable.assign`)."""
+        optimizer.apply(grads, variables)
+
+    @abc.abstractmethod
+    def update_if(self, ok, update: Callable[[], None], variables: Sequence) -> None:
+        """Runs `update` (which assigns `variables`) only when the boolean tensor `ok` is true."""
+
+    def all_gather(self, x):
+        """`x` from every data-parallel replica, concatenated on axis 0, inside a step (statistics that must be
+        those of the global batch); `x` itself without data parallelism."""
+        return x
+
+    def forward_function(self, critic) -> Optional[Callable]:
+        """A data-parallel forward pass `fn(h, z, use_ema=False)` for the critic, or None for `critic(...)`."""
+        return None
+
+    @abc.abstractmethod
+    def make_train_function(self, program: StepProgram, batch_axis: int) -> Callable[..., Metrics]:
+        """`fn(*batch) -> metrics`: one compiled step; afterwards `program.state` holds the new values.
+
+        The returned function may carry a `compiled` attribute (the traced
+        or jitted functions), for inspection.
+        """
+
+    @abc.abstractmethod
+    def make_predict_function(self, critic, use_ema: bool) -> Callable:
+        """`fn(h, z) -> critic(h, z, use_ema)`, compiled so that a new batch size does not retrace."""
+
+
+_BACKENDS: Dict[str, Backend] = {}
+# numpy copies of the constant tables, by id (the tables are cached for the life of the process).
+_ARRAYS: Dict[int, np.ndarray] = {}
+
+
+def current() -> Backend:
+    """The `Backend` of the running Keras backend."""
+    name = keras.backend.backend()
+    backend = _BACKENDS.get(name)
+    if backend is None:
+        if name not in SUPPORTED:
+            raise ValueError(f"KERAS_BACKEND: got {name!r}, expected 'tensorflow', 'torch' or 'jax'.")
+        backend = _BACKENDS[name] = importlib.import_module(f"multicritic.backend.{name}").BACKEND
+    return backend

@@ -1,0 +1,149 @@
+"""JAX: gradients with `jax.grad` over a stateless step, compiled with `jax.jit`.
+
+All state (critic, EMA copy, optimizer, step counter) goes into the jitted
+function as arrays and comes back updated; the shared step runs inside
+`keras.StatelessScope`s and its `Variable.assign`s become the new state.
+
+Data parallelism: under a `keras.distribution.DataParallel` distribution the
+variables are replicated by Keras when created, and each batch is sharded
+here along its batch axis; XLA (GSPMD) inserts the gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import keras
+from keras import StatelessScope
+
+from multicritic.backend import Backend
+
+
+def _shard_batch(batch, batch_axis):
+    """Places each array with its batch axis split over the distribution's mesh."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return batch
+    if not isinstance(distribution, keras.distribution.DataParallel):
+        raise ValueError(
+            f"keras.distribution: got {type(distribution).__name__}, expected DataParallel "
+            "(the critic is small: its weights are replicated, the batch is sharded)."
+        )
+    mesh = distribution.device_mesh
+    out = []
+    for x in batch:
+        axes = [None] * len(x.shape)
+        axes[batch_axis] = distribution.batch_dim_name
+        if x.shape[batch_axis] % mesh.shape[0]:
+            raise ValueError(
+                f"batch: got {x.shape[batch_axis]} rows on axis {batch_axis}, expected a multiple "
+                f"of the {mesh.shape[0]} devices of the data-parallel mesh."
+            )
+        out.append(keras.distribution.distribute_tensor(x, keras.distribution.TensorLayout(axes, mesh)))
+    return out
+
+
+def _bucket(batch: int) -> int:
+    return max(8, 1 << (batch - 1).bit_length())
+
+
+class JaxBackend(Backend):
+    name = "jax"
+
+    def apply_gradients(self, optimizer, grads, variables):
+        """Through `stateless_apply`: Keras's stateful paths (the loss-scale
+        optimizer's) branch with `ops.cond`, whose assignments JAX cannot
+        carry out of the branch."""
+        opt_vars = optimizer.variables
+        new_vars, new_opt = optimizer.stateless_apply([v.value for v in opt_vars], grads, [v.value for v in variables])
+        for var, value in zip(list(variables) + list(opt_vars), list(new_vars) + list(new_opt)):
+            var.assign(value)
+
+    def all_gather(self, x):
+        # Under GSPMD the arrays are global: their statistics already are the batch's.
+        return x
+
+    def update_if(self, ok, update, variables):
+        """XLA has no conditional assignment: both values exist and a select picks one."""
+        old = [v.value for v in variables]
+        update()
+        for var, value in zip(variables, old):
+            var.assign(jnp.where(ok, var.value, value))
+
+    def make_train_function(self, program, batch_axis):
+        private = {id(v) for v in program.private}
+        shared_vars = [v for v in program.state if id(v) not in private]
+        private_vars = [v for v in program.state if id(v) in private]
+        variables = shared_vars + private_vars
+        n_trainable, n_shared = len(program.trainable), len(shared_vars)
+        if [id(v) for v in shared_vars[:n_trainable]] != [id(v) for v in program.trainable]:
+            raise ValueError("StepProgram: state must start with the trainable variables, in their order.")
+
+        def step(shared_state, private_state, batch):
+            state = list(shared_state) + list(private_state)
+
+            def scaled_loss(trainable_values):
+                mapping = list(zip(variables, list(trainable_values) + state[n_trainable:]))
+                with StatelessScope(state_mapping=mapping) as scope:
+                    loss, metrics = program.loss(*batch)
+                    scaled = program.scale_loss(loss)
+                # State the loss moved (a seed generator's), kept for the update.
+                return scaled, (metrics, [scope.get_current_value(v) for v in variables[n_trainable:]])
+
+            grads, (metrics, moved) = jax.grad(scaled_loss, has_aux=True)(state[:n_trainable])
+            state = state[:n_trainable] + [old if new is None else new for old, new in zip(state[n_trainable:], moved)]
+            with StatelessScope(state_mapping=list(zip(variables, state))) as scope:
+                metrics = program.apply(list(grads), metrics)
+            new_state = []
+            for var, old in zip(variables, state):
+                value = scope.get_current_value(var)
+                new_state.append(old if value is None else value)
+            return new_state, metrics
+
+        # Donating the optimizer's state lets XLA update it in place. The
+        # critic's weights are not donated: other threads may be reading them
+        # (forward passes, `predict_function`, a `var.value` held by a caller).
+        compiled = jax.jit(step, donate_argnums=1)
+
+        def run(*batch):
+            state, seen = [], set()
+            for i, var in enumerate(variables):
+                value = var.value
+                if i >= n_shared and id(value) in seen:  # one buffer cannot be donated twice
+                    value = value.copy()
+                seen.add(id(value))
+                state.append(value)
+            new_state, metrics = compiled(state[:n_shared], state[n_shared:], _shard_batch(batch, batch_axis))
+            for var, value in zip(variables, new_state):
+                var.assign(value)
+            return metrics
+
+        run.compiled = compiled
+        return run
+
+    def make_predict_function(self, critic, use_ema):
+        """Jitted forward pass; batches are padded to a power of two (rows are independent),
+        so batch sizes 1..8 share one compilation, 9..16 the next, and so on."""
+
+        def forward(trainable, non_trainable, h, z):
+            outputs, _ = critic.stateless_call(trainable, non_trainable, h, z, use_ema=use_ema)
+            return outputs
+
+        compiled = jax.jit(forward)
+
+        def run(h, z):
+            batch = h.shape[0]
+            pad = _bucket(batch) - batch
+            h = jnp.pad(h, [(0, pad), (0, 0)])
+            z = jnp.pad(z, [(0, pad), (0, 0), (0, 0)])
+            outputs = compiled(
+                [v.value for v in critic.trainable_variables], [v.value for v in critic.non_trainable_variables], h, z
+            )
+            # Rows are the last-but-one axis of every output ([B] or [K, B] values).
+            return tuple(o[..., :batch] if o.ndim == outputs[0].ndim else o[..., :batch, :] for o in outputs)
+
+        run.compiled = compiled
+        return run
+
+
+BACKEND = JaxBackend()

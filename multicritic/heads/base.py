@@ -1,0 +1,134 @@
+"""`ValueHead`: what every value head of the critic provides."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import keras
+from keras import ops
+
+from multicritic.bins import bucket_values, check_bin_args, expected_value
+from multicritic.layers.mlp import dense_layer
+
+
+class ValueHead(keras.layers.Layer):
+    """Base class of the critic's value heads: a zero-initialised linear output and its loss.
+
+    A head maps the MLP's features to `(value_symlog, logits)` and knows the
+    per-position loss against real-space return targets and its slow-critic
+    regulariser. Its output `Dense` (named `reward_buckets`, the reference's
+    layout) starts at zero: a new distributional head predicts a uniform
+    distribution, a new regression head 0. A head computes in float32 unless
+    given another dtype (the precision contract under mixed policies).
+
+    A new head is a subclass in its own module, registered in
+    `multicritic.heads.HEADS`: it sets `output_units` and overrides `decode`
+    and `position_losses` (and `check_options` for options of its own).
+
+    Args:
+        num_buckets: buckets of the distribution (>= 2).
+        lower_bound, upper_bound: symlog-space ends of the support.
+        bin_scheme: `"uniform_symlog"` or `"symexp"` (see `multicritic.bins`).
+        members: `None`, or the ensemble size `K` (stacked output weights).
+        **kwargs: passed to `keras.layers.Layer`.
+
+    Call arguments:
+        inputs: `[..., dim]`, or member-major `[K, B, dim]` with members.
+
+    Returns:
+        `(value_symlog [...], logits [..., output_units])` in float32 (with
+        members `[K, B]` and `[K, B, output_units]`).
+    """
+
+    # Slow-critic regularisers this head supports (see `critic_loss`).
+    regularizers: Tuple[str, ...] = ("two_hot_mean", "distribution")
+
+    def __init__(
+        self,
+        *,
+        num_buckets: int = 255,
+        lower_bound: float = -20.0,
+        upper_bound: float = 20.0,
+        bin_scheme: str = "uniform_symlog",
+        members: Optional[int] = None,
+        **kwargs,
+    ):
+        self.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        self.num_buckets = int(num_buckets)
+        self.lower_bound = float(lower_bound)
+        self.upper_bound = float(upper_bound)
+        self.bin_scheme = bin_scheme
+        self.members = None if members is None else int(members)
+        # Build the bucket tables now, outside any compiled function.
+        bucket_values(num_buckets, lower_bound, upper_bound, bin_scheme)
+        self.reward_buckets_layer = dense_layer(
+            self.output_units(self.num_buckets),
+            members=self.members,
+            use_bias=True,
+            kernel_initializer="zeros",
+            bias_initializer="zeros",
+            dtype=self.dtype_policy,
+            name="reward_buckets",
+        )
+
+    @staticmethod
+    def output_units(num_buckets: int) -> int:
+        """Width of the logits."""
+        return num_buckets
+
+    @classmethod
+    def check_options(cls, num_buckets, lower_bound, upper_bound, bin_scheme, **options) -> None:
+        """Raises a `ValueError` for options this head cannot use."""
+        check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
+
+    def build(self, input_shape):
+        self.reward_buckets_layer.build(tuple(input_shape))
+
+    def call(self, inputs):
+        logits = ops.cast(self.reward_buckets_layer(inputs), "float32")
+        return self.decode(logits, self.num_buckets, self.lower_bound, self.upper_bound, self.bin_scheme), logits
+
+    @staticmethod
+    def decode(logits, num_buckets, lower_bound, upper_bound, bin_scheme, **options):
+        """The expected value in symlog space of `logits [..., output_units]`: `[...]`."""
+        return expected_value(ops.softmax(logits, axis=-1), num_buckets, lower_bound, upper_bound, bin_scheme)
+
+    @staticmethod
+    def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
+                        lower_bound, upper_bound, bin_scheme, **options):
+        """Per-position `(value_term, ema_term)`, each `[...]`, for finite real-space `value_targets`.
+
+        `ema_term` is the slow-critic regulariser (`regularizer` one of
+        `regularizers`), `None` when `ema_value_symlog` and `ema_logits` are
+        both `None`.
+        """
+        raise NotImplementedError
+
+    @staticmethod
+    def has_support() -> bool:
+        """Whether targets outside the support are clipped (`clipped_fraction` counts them)."""
+        return True
+
+    def compute_output_shape(self, input_shape):
+        lead = tuple(input_shape)[:-1]
+        return lead, lead + (self.output_units(self.num_buckets),)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_buckets": self.num_buckets,
+                "lower_bound": self.lower_bound,
+                "upper_bound": self.upper_bound,
+                "bin_scheme": self.bin_scheme,
+                "members": self.members,
+            }
+        )
+        return config
+
+
+def cross_entropy(target_probs, logp):
+    """`-sum(target_probs * logp)` over the last axis."""
+    return -ops.sum(target_probs * logp, axis=-1)

@@ -1,0 +1,120 @@
+"""The HL-Gauss value head: cross-entropy to a Gaussian histogram of the target."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from multicritic.bins import _constant, bucket_range, symlog
+from multicritic.heads.base import ValueHead, cross_entropy
+from multicritic.validation import number
+
+
+@functools.lru_cache(maxsize=None)
+def _edges(num_buckets, lower_bound, upper_bound):
+    """Bin edges of the uniform symlog grid (centres +- half a spacing), as a cached tuple."""
+    width = (upper_bound - lower_bound) / (num_buckets - 1)
+    edges = lower_bound - width / 2 + width * np.arange(num_buckets + 1, dtype=np.float64)
+    return tuple(float(e) for e in edges.astype(np.float32)), width
+
+
+def hl_gauss(values_symlog, num_buckets: int = 255, lower_bound: float = -20.0, upper_bound: float = 20.0,
+             sigma: float = 0.75):
+    """Histogram loss targets: the mass of `N(clip(value), (sigma * width)^2)` in each bucket.
+
+    Buckets are the uniform symlog grid (`num_buckets` centres from
+    `lower_bound` to `upper_bound`, spacing `width`); bucket `i` covers
+    `[c_i - width/2, c_i + width/2]`. Values are clipped to the outer
+    centres, and the mass beyond the outer edges is dropped before
+    normalising (the paper's truncated Gaussian), so each row sums to 1.
+
+    Args:
+        values_symlog: `[...]` symlog-space values.
+        num_buckets, lower_bound, upper_bound: the support.
+        sigma: the Gaussian's standard deviation as a ratio of the bucket
+            width (0.75 in the paper: about six buckets get mass).
+
+    Returns:
+        float32 `[..., num_buckets]` probabilities.
+
+    Reference:
+        Farebrother et al., "Stop Regressing: Training Value Functions via
+        Classification for Scalable Deep RL", ICML 2024 (arXiv 2403.03950),
+        Sec. 3.1 and Listing 1.
+    """
+    edges, width = _edges(int(num_buckets), float(lower_bound), float(upper_bound))
+    values = ops.clip(ops.cast(values_symlog, "float32"), lower_bound, upper_bound)
+    scale = 1.0 / (sigma * width * math.sqrt(2.0))
+    cdf = ops.erf((_constant(edges) - values[..., None]) * scale)
+    mass = cdf[..., 1:] - cdf[..., :-1]
+    return mass / (cdf[..., -1:] - cdf[..., :1])
+
+
+@keras.saving.register_keras_serializable(package="multicritic")
+class HLGaussHead(ValueHead):
+    """A distributional head trained on HL-Gauss targets (Farebrother et al., 2024): the critic's `head="hl_gauss"`.
+
+    The same zero-initialised `Dense(num_buckets)` and decode as the two-hot
+    head (`RewardPredictorLayer`); the target of a return `G` is the
+    Gaussian histogram `hl_gauss(symlog(G))` instead of its two-hot encoding,
+    which spreads the label over neighbouring buckets. Needs a uniform grid:
+    `bin_scheme="uniform_symlog"`. The slow-critic regulariser
+    `"two_hot_mean"` uses the HL-Gauss histogram of the slow critic's value.
+
+    Args:
+        sigma: the Gaussian's standard deviation as a ratio of the bucket
+            width (0.75, the paper's default).
+        **kwargs: as `ValueHead` (`num_buckets`, bounds, `members`, ...).
+
+    Call arguments:
+        inputs: `[..., dim]` (`[K, B, dim]` with members).
+
+    Returns:
+        `(value_symlog, logits)` as `RewardPredictorLayer`.
+
+    Example:
+        >>> head = HLGaussHead(sigma=0.75)
+        >>> value, logits = head(np.ones((2, 256), "float32"))
+        >>> logits.shape
+        (2, 255)
+
+    Reference:
+        Farebrother et al., "Stop Regressing", arXiv 2403.03950;
+        Imani & White, "Improving Regression Performance with Distributional
+        Losses", ICML 2018.
+    """
+
+    def __init__(self, *, sigma: float = 0.75, **kwargs):
+        self.sigma = number("hl_gauss_sigma", sigma, low=0.0, low_open=True)
+        super().__init__(**kwargs)
+
+    @classmethod
+    def check_options(cls, num_buckets, lower_bound, upper_bound, bin_scheme, **options):
+        super().check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
+        if bin_scheme != "uniform_symlog":
+            raise ValueError(
+                f"bin_scheme: got {bin_scheme!r} with head='hl_gauss', expected 'uniform_symlog' "
+                "(HL-Gauss histograms need a uniform grid)."
+            )
+
+    @staticmethod
+    def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
+                        lower_bound, upper_bound, bin_scheme, sigma=0.75, **options):
+        logp = ops.log_softmax(logits, axis=-1)
+        support = (num_buckets, lower_bound, upper_bound, sigma)
+        if ema_value_symlog is not None and regularizer == "two_hot_mean":
+            both = hl_gauss(ops.stack([symlog(value_targets), ema_value_symlog], axis=-1), *support)
+            return cross_entropy(both[..., 0, :], logp), cross_entropy(both[..., 1, :], logp)
+        value_term = cross_entropy(hl_gauss(symlog(value_targets), *support), logp)
+        if ema_logits is None:
+            return value_term, None
+        return value_term, cross_entropy(ops.stop_gradient(ops.softmax(ema_logits, axis=-1)), logp)
+
+    def get_config(self):
+        config = super().get_config()
+        config["sigma"] = self.sigma
+        return config

@@ -1,0 +1,42 @@
+"""Initializers for stacked ensemble weights."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="multicritic")
+class MemberwiseInitializer(keras.initializers.Initializer):
+    """Initialises a `[K, ...]` stacked weight as `K` independent draws of `initializer` on `[...]`.
+
+    Keras's fan-based initializers read a `[K, in, out]` kernel as a
+    convolution (fan-in `K * in`); each member of an ensemble must instead be
+    initialised as the single layer it stands for. A seeded `initializer`
+    gives member `k` the seed `seed + k`, so members differ and runs repeat.
+
+    Args:
+        initializer: the per-member initializer (name, config or instance).
+
+    Example:
+        >>> init = MemberwiseInitializer("glorot_uniform")
+        >>> init((5, 64, 32)).shape  # 5 glorot-uniform [64, 32] kernels
+        (5, 64, 32)
+    """
+
+    def __init__(self, initializer="glorot_uniform"):
+        self.initializer = keras.initializers.get(initializer)
+
+    def __call__(self, shape, dtype=None):
+        base = keras.initializers.serialize(self.initializer)
+        seed = self.initializer.get_config().get("seed") if hasattr(self.initializer, "get_config") else None
+        members = []
+        for k in range(int(shape[0])):
+            init = keras.initializers.deserialize(base)
+            if isinstance(seed, int) and hasattr(init, "seed"):
+                init = type(init).from_config(dict(init.get_config(), seed=seed + k))
+            members.append(init(tuple(shape[1:]), dtype=dtype))
+        return ops.stack(members)
+
+    def get_config(self):
+        return {"initializer": keras.initializers.serialize(self.initializer)}
