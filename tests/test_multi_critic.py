@@ -117,3 +117,18 @@ def test_rewards_must_name_every_stream():
     single = CriticTrainer(CriticNetwork(model_size="nano"))
     with pytest.raises(ValueError, match="rewards: got a dict, expected one array"):
         single.train_on_dream(h, z, {"task": rewards}, continues)
+
+
+def test_keras_file_round_trip(tmp_path):
+    multi = MultiCritic({"task": {"model_size": "nano"}, "explore": {"model_size": "nano", "ensemble_size": 2}})
+    rng = np.random.default_rng(0)
+    for v in multi.weights:
+        v.assign(rng.normal(size=tuple(v.shape)).astype("float32"))
+    h, z = random_inputs(multi.critics["task"], 3)
+    path = str(tmp_path / "multi.keras")
+    multi.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, MultiCritic) and loaded.stream_names == ["task", "explore"]
+    for stream in ("task", "explore"):
+        np.testing.assert_array_equal(to_np(loaded(h, z)[stream][1]), to_np(multi(h, z)[stream][1]))
+    np.testing.assert_array_equal(to_np(loaded.normalizers["task"].high), to_np(multi.normalizers["task"].high))
