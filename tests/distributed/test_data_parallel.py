@@ -143,7 +143,8 @@ def test_torch_ddp_two_processes_equal_one(tmp_path, monkeypatch, kind):
     if kind == "multi":  # the normaliser's statistics are the global batch's on every rank
         assert {"task.return_low", "explore.return_high", "explore.member_spread"} < set(gaps)
     weight_keys = [k for k in single.files if k.startswith("w")]
-    assert len(weight_keys) == (10 if kind == "single" else 20)  # fast and EMA
+    # fast and EMA (a MultiCritic: two critics, and two normalisers of 2 variables each)
+    assert len(weight_keys) == (10 if kind == "single" else 24)
     for key in weight_keys:
         np.testing.assert_array_equal(ranks[0][key], ranks[1][key])  # EMA identical on every rank
         np.testing.assert_allclose(ranks[0][key], single[key], rtol=0, atol=WEIGHT_ATOL)
