@@ -115,14 +115,18 @@ class CriticTrainer:
         check_finite: raise a `ValueError` for non-finite numpy inputs before
             any state changes. Backend tensors are not inspected on the host;
             inside the compiled step non-finite targets are dropped from the
-            loss (counted in `nonfinite_targets`) and non-finite gradients
-            are replaced by zeros (`nonfinite_grads` = 1).
+            loss (counted in `nonfinite_targets`), and a batch with
+            non-finite gradients (`nonfinite_grads` = 1) or invalid inputs
+            (`invalid_inputs` > 0: negative weights, continues outside
+            [0, 1], non-finite states) is skipped whole (`step_skipped` = 1).
 
     Each step returns a dict of scalar backend tensors: `total`,
     `value_nll`, `ema_regularizer`, `grad_norm` (before clipping),
     `clipped_fraction` (targets outside the bucket range), `ema_value_gap`
     (mean |fast - EMA| value, symlog space), `nonfinite_targets`,
-    `nonfinite_grads`.
+    `nonfinite_grads`, `invalid_inputs`, `step_skipped`; an ensemble adds
+    `member_spread`, and a `MultiCritic` each stream's metrics as
+    `"stream/name"` (with its normaliser's `return_low` / `return_high`).
 
     Example:
         >>> trainer = CriticTrainer(CriticNetwork(model_size="nano"))
