@@ -37,10 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.native_jax import two_hot_parts  # the same two-hot as the single-critic baseline
+from benchmarks.native_jax import forward, two_hot_parts  # one member: the single-critic baseline's
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
-BUCKETS = np.linspace(LOWER, UPPER, NUM_BUCKETS, dtype=np.float32)
 
 
 def init(rng, members, in_dim, units, layers):
@@ -61,19 +60,6 @@ def init(rng, members, in_dim, units, layers):
         "bias": jnp.zeros((members, NUM_BUCKETS), jnp.float32),
     }
     return params
-
-
-def forward(params, h, z):
-    """One member (unstacked parameters): `(value_symlog [B], logits [B, 255])`."""
-    x = jnp.concatenate([h, z.reshape(z.shape[0], -1)], -1)
-    for layer in params["mlp"]:
-        x = x @ layer["kernel"]
-        mean = x.mean(-1, keepdims=True)
-        centered = x - mean
-        var = jnp.square(centered).mean(-1, keepdims=True)
-        x = jax.nn.silu(centered * jax.lax.rsqrt(var + 1e-3) * layer["gamma"] + layer["beta"])
-    logits = x @ params["head"]["kernel"] + params["head"]["bias"]
-    return (jax.nn.softmax(logits) * BUCKETS).sum(-1), logits
 
 
 ensemble_forward = jax.vmap(forward, in_axes=(0, None, None))

@@ -39,32 +39,17 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state
 
-from benchmarks.native_torch import two_hot_parts, symlog  # the same two-hot as the single-critic baseline
+from benchmarks.native_torch import Critic, symlog, two_hot_parts  # the single-critic baseline's pieces
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
-class Critic(nn.Module):
-    def __init__(self, in_dim, units, layers):
-        super().__init__()
-        blocks = []
-        for i in range(layers):
-            blocks += [nn.Linear(in_dim if i == 0 else units, units, bias=False), nn.LayerNorm(units, eps=1e-3), nn.SiLU()]
-        self.mlp = nn.Sequential(*blocks)
-        self.head = nn.Linear(units, NUM_BUCKETS)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-        for module in self.mlp:
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)  # Keras's glorot-uniform
-        self.register_buffer("buckets", torch.linspace(LOWER, UPPER, NUM_BUCKETS))
-
-    def forward(self, h, z):
-        logits = self.head(self.mlp(torch.cat([h, z.flatten(1)], -1)))
-        return (logits.softmax(-1) * self.buckets).sum(-1), logits
-
-
-
-
+def _critic(in_dim, units, layers):
+    """The single-critic baseline's module (`native_torch.Critic`), kernels glorot-uniform as Keras's."""
+    critic = Critic(in_dim, units, layers)
+    for module in critic.mlp:
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+    return critic
 
 
 def loss_from(logits, ema_value, targets, weights):
@@ -90,7 +75,7 @@ class Ensemble:
     def __init__(self, members, in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0,
                  grad="autograd", fused=True, compile_update=False):
         torch.manual_seed(seed)
-        copies = [Critic(in_dim, units, layers) for _ in range(members)]
+        copies = [_critic(in_dim, units, layers) for _ in range(members)]
         params, buffers = stack_module_state(copies)
         self.base = copy.deepcopy(copies[0]).to("meta")
         self.names = list(params)
