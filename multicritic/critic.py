@@ -325,11 +325,20 @@ class CriticNetwork(keras.Model):
         # A stacked bias is [K, 1, out] (EinsumDense keeps the batch axis): one member's is [out].
         return shape[1:] if var.path.endswith("/bias") and len(shape) == 2 and shape[0] == 1 else shape
 
+    def _member_value(self, var, member: int) -> np.ndarray:
+        """Member `member`'s part of the stacked `var`, shaped as a single critic's variable."""
+        return np.reshape(np.asarray(ops.convert_to_numpy(var.value))[member], self._member_shape(var))
+
+    def _assign_member(self, var, member: int, value) -> None:
+        """Writes a single critic's `value` into member `member` of the stacked `var`."""
+        stacked = np.array(ops.convert_to_numpy(var.value))
+        stacked[member] = np.reshape(value, stacked.shape[1:])
+        var.assign(stacked)
+
     def get_member_weights(self, member: int) -> List[np.ndarray]:
         """Member `member`'s weights (fast, then EMA), shaped as a single critic's `get_weights()`."""
         self._check_member(member)
-        return [np.reshape(np.asarray(ops.convert_to_numpy(v.value))[member], self._member_shape(v))
-                for v in self.weights]
+        return [self._member_value(v, member) for v in self.weights]
 
     def set_member_weights(self, member: int, weights: Sequence) -> None:
         """Sets member `member` from a single critic's `get_weights()` list; the other members are unchanged.
@@ -345,9 +354,7 @@ class CriticNetwork(keras.Model):
         expected = {f"weights[{i}] ({v.path})": (self._member_shape(v), "float32") for i, v in enumerate(self.weights)}
         checked = integrity.check_arrays("weights", dict(zip(expected, weights)), expected)
         for var, w in zip(self.weights, checked.values()):
-            stacked = np.array(ops.convert_to_numpy(var.value))
-            stacked[member] = np.reshape(w, stacked.shape[1:])
-            var.assign(stacked)
+            self._assign_member(var, member, w)
 
     def _check_member(self, member):
         if self.ensemble_size == 1:

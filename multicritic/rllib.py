@@ -53,6 +53,7 @@ def _member_shape(critic, var, member):
 
 
 def _check_member(critic, member):
+    """`member` must be None for a single critic, and an ensemble's member index otherwise."""
     if critic.ensemble_size == 1:
         if member is not None:
             raise ValueError(f"member: got {member!r} for a single critic (ensemble_size=1), expected None.")
@@ -62,8 +63,7 @@ def _check_member(critic, member):
             f"member: got None for an ensemble of {critic.ensemble_size}; expected the member index to load into "
             "or export (an RLlib critic is one member)."
         )
-    if isinstance(member, bool) or not isinstance(member, (int, np.integer)) or not 0 <= member < critic.ensemble_size:
-        raise ValueError(f"member: got {member!r}, expected an integer in [0, {critic.ensemble_size}).")
+    critic._check_member(member)
 
 
 def load_rllib_weights(critic: CriticNetwork, weights: Sequence, member=None) -> None:
@@ -103,17 +103,13 @@ def load_rllib_weights(critic: CriticNetwork, weights: Sequence, member=None) ->
     for (_, var), w in zip(pairs, checked.values()):
         if member is None:
             var.assign(w)
-        else:  # one member of the stacked weights
-            stacked = np.array(keras.ops.convert_to_numpy(var.value))
-            stacked[member] = np.reshape(w, stacked.shape[1:])
-            var.assign(stacked)
+        else:
+            critic._assign_member(var, member, w)
 
 
 def export_rllib_weights(critic: CriticNetwork, member=None) -> List[np.ndarray]:
     """The critic's weights (an ensemble's `member`) as the list RLlib's `CriticNetwork.set_weights()` takes."""
     _check_member(critic, member)
-    pairs = _ordered(critic)
-    arrays = [np.asarray(keras.ops.convert_to_numpy(var.value)) for _, var in pairs]
-    if member is None:
-        return arrays
-    return [np.reshape(a[member], _member_shape(critic, var, member)) for a, (_, var) in zip(arrays, pairs)]
+    if member is not None:
+        return [critic._member_value(var, member) for _, var in _ordered(critic)]
+    return [np.asarray(keras.ops.convert_to_numpy(var.value)) for _, var in _ordered(critic)]
