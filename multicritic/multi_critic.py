@@ -96,17 +96,31 @@ class MultiCritic(keras.Model):
             if not isinstance(norm, ReturnNormalizer):
                 raise ValueError(f"normalizers[{s!r}]: got {norm!r}, expected 'perc_ema', 'none' or a ReturnNormalizer.")
             self.normalizers[s] = norm
-        first = next(iter(built.values()))
-        self.gru_units, self.num_z_categoricals, self.num_z_classes = (
-            first.gru_units, first.num_z_categoricals, first.num_z_classes)
         self.built = True
 
     @property
     def streams(self) -> Dict[str, CriticNetwork]:
         return {s: self.critics[s] for s in self.stream_names}
 
+    @property
+    def _first(self) -> CriticNetwork:
+        return self.critics[self.stream_names[0]]
+
+    # The input sizes, the same for every stream (checked when built).
+    @property
+    def gru_units(self):
+        return self._first.gru_units
+
+    @property
+    def num_z_categoricals(self):
+        return self._first.num_z_categoricals
+
+    @property
+    def num_z_classes(self):
+        return self._first.num_z_classes
+
     def _check_inputs(self, h_shape, z_shape):
-        next(iter(self.critics.values()))._check_inputs(h_shape, z_shape)
+        self._first._check_inputs(h_shape, z_shape)
 
     def call(self, h, z, use_ema=False):
         return {s: self.critics[s](h, z, use_ema=use_ema) for s in self.stream_names}

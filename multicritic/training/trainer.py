@@ -53,9 +53,10 @@ def _nonfinite(x):
     return 1.0 - ops.cast(ops.isfinite(ops.sum(x)), "float32")
 
 
-def _repeat_last(x, k):
-    """`x [...]` repeated to `[..., k]`."""
-    return ops.repeat(x[..., None], k, axis=-1)
+def _repeat(x, k, axis):
+    """`x` repeated `k` times along a new axis `axis` (0: `[k, ...]`, -1: `[..., k]`); a repeat, not a
+    broadcast, because TensorFlow's batch axes are unknown when the step is traced."""
+    return ops.repeat(ops.expand_dims(x, axis), k, axis=axis)
 
 
 def global_norm(tensors):
@@ -170,8 +171,7 @@ class CriticTrainer:
         ema_regularizer_weight = number("ema_regularizer_weight", ema_regularizer_weight, low=0.0)
         if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
             raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
-        members = critic.streams.values() if isinstance(critic, MultiCritic) else [critic]
-        for member in members:
+        for member in (critic.streams.values() if isinstance(critic, MultiCritic) else [critic]):
             if ema_regularizer not in heads.get(member.head).regularizers:
                 raise ValueError(
                     f"ema_regularizer: got {ema_regularizer!r} with the critic's head={member.head!r}, expected one of "
@@ -274,10 +274,8 @@ class CriticTrainer:
 
     @staticmethod
     def _like(x, value):
-        """`x [...]` broadcast to an ensemble's `value [K, ...]` (targets and weights shared by the members)."""
-        if len(x.shape) == len(value.shape):
-            return x
-        return ops.repeat(x[None], value.shape[0], axis=0)
+        """`x [...]` repeated to an ensemble's `value [K, ...]` (targets and weights shared by the members)."""
+        return x if len(x.shape) == len(value.shape) else _repeat(x, value.shape[0], axis=0)
 
     # The step's math works on named critics: `{None: critic}` for one
     # critic, the streams of a `MultiCritic`.
@@ -361,7 +359,7 @@ class CriticTrainer:
             k = critic.ensemble_size
             values_real = ops.moveaxis(values_real, 0, -1)
             targets = lambda_returns(
-                _repeat_last(rewards, k), _repeat_last(continues, k), values_real, self.gamma, self.lambda_
+                _repeat(rewards, k, axis=-1), _repeat(continues, k, axis=-1), values_real, self.gamma, self.lambda_
             )
             targets = ops.moveaxis(targets, -1, 0)
         else:
