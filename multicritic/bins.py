@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
-import keras
 import numpy as np
 from keras import ops
 

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic.bins import _constant, bucket_range, symlog
+from multicritic.bins import _constant, symlog
 from multicritic.heads.base import ValueHead, cross_entropy
 from multicritic.validation import number
 

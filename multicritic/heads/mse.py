@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from multicritic.bins import check_bin_args, symlog
+from multicritic.bins import symlog
 from multicritic.heads.base import ValueHead
 
 
