@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.native_jax import forward, two_hot_parts  # one member: the single-critic baseline's
+from benchmarks.native_jax import forward, loss_from  # one member: the single-critic baseline's
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
@@ -67,22 +67,11 @@ ensemble_forward = jax.vmap(forward, in_axes=(0, None, None))
 
 
 
-def member_loss(logits, ema_value, targets, weights):
-    """One member's DreamerV3 critic loss (two-hot NLL + two-hot of the EMA's value), weighted mean."""
-    logp = jax.nn.log_softmax(logits)
-    k, kp1, w_k, w_kp1 = two_hot_parts(jnp.sign(targets) * jnp.log1p(jnp.abs(targets)))
-    ek, ekp1, ew_k, ew_kp1 = two_hot_parts(ema_value)
-    idx = jnp.stack([k, kp1, ek, ekp1], -1)
-    w = jnp.stack([w_k, w_kp1, ew_k, ew_kp1], -1)
-    per = -(jnp.take_along_axis(logp, idx, -1) * w).sum(-1)
-    return (per * weights).mean()
-
-
 def loss_fn(params, ema, h, z, targets, weights):
     _, logits = ensemble_forward(params, h, z)
     ema_value, _ = ensemble_forward(ema, h, z)
     ema_value = jax.lax.stop_gradient(ema_value)
-    losses = jax.vmap(member_loss, in_axes=(0, 0, None, None))(logits, ema_value, targets, weights)
+    losses = jax.vmap(loss_from, in_axes=(0, 0, None, None))(logits, ema_value, targets, weights)
     return losses.mean()
 
 

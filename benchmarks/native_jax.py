@@ -54,6 +54,17 @@ def two_hot_parts(v):
     return k.astype(jnp.int32), kp1.astype(jnp.int32), w_k, 1 - w_k
 
 
+def loss_from(logits, ema_value, targets, weights):
+    """The DreamerV3 critic loss (two-hot NLL + two-hot of the EMA's value), weighted mean over positions."""
+    logp = jax.nn.log_softmax(logits)
+    k, kp1, w_k, w_kp1 = two_hot_parts(jnp.sign(targets) * jnp.log1p(jnp.abs(targets)))
+    ek, ekp1, ew_k, ew_kp1 = two_hot_parts(ema_value)
+    idx = jnp.stack([k, kp1, ek, ekp1], -1)
+    w = jnp.stack([w_k, w_kp1, ew_k, ew_kp1], -1)
+    per = -(jnp.take_along_axis(logp, idx, -1) * w).sum(-1)
+    return (per * weights).mean()
+
+
 def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0):
     params = init(np.random.default_rng(seed), in_dim, units, layers)
     ema = jax.tree_util.tree_map(jnp.copy, params)
@@ -63,14 +74,7 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
     def loss_fn(params, ema, h, z, targets, weights):
         _, logits = forward(params, h, z)
         ema_value, _ = forward(ema, h, z)
-        ema_value = jax.lax.stop_gradient(ema_value)
-        logp = jax.nn.log_softmax(logits)
-        k, kp1, w_k, w_kp1 = two_hot_parts(jnp.sign(targets) * jnp.log1p(jnp.abs(targets)))
-        ek, ekp1, ew_k, ew_kp1 = two_hot_parts(ema_value)
-        idx = jnp.stack([k, kp1, ek, ekp1], -1)
-        w = jnp.stack([w_k, w_kp1, ew_k, ew_kp1], -1)
-        per = -(jnp.take_along_axis(logp, idx, -1) * w).sum(-1)
-        return (per * weights).mean()
+        return loss_from(logits, jax.lax.stop_gradient(ema_value), targets, weights)
 
     def _step(params, ema, opt_state, h, z, targets, weights):
         loss, grads = jax.value_and_grad(loss_fn)(params, ema, h, z, targets, weights)
