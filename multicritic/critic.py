@@ -12,6 +12,7 @@ from keras import ops
 from multicritic import heads, weights_file
 from multicritic.layers.mlp import MLP
 from multicritic.sizes import get_model_dims
+from multicritic.keras_training import KerasTraining
 from multicritic.validation import integer, number, real_tensor
 
 AGGREGATIONS = ("mean", "min", "min_of_random", "members")
@@ -20,8 +21,25 @@ TRAINING_OPTIONS = ("ema_update_period", "ema_regularizer_weight", "ema_regulari
 
 
 
+def _pair(h, z):
+    """`(h, z)` from two arguments or one `(h, z)` pair (Keras's `predict` passes `x` as one argument)."""
+    if z is None and isinstance(h, (tuple, list)) and len(h) == 2:
+        return h[0], h[1]
+    if z is None:
+        raise ValueError("z: missing; call the critic as critic(h, z) or critic((h, z)).")
+    return h, z
+
+
+def _dim(d):
+    """A static size as an int; None for an unknown or symbolic one (jax2tf's polymorphic batch)."""
+    try:
+        return None if d is None else int(d)
+    except Exception:
+        return None
+
+
 def _shape(x) -> Tuple:
-    return tuple(None if d is None else int(d) for d in x)
+    return tuple(_dim(d) for d in x)
 
 
 # Options added after configs were first saved, with the value older configs meant.
@@ -57,7 +75,7 @@ def check_ensemble_options(ensemble_size, aggregation, aggregation_subset):
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
-class CriticNetwork(keras.Model):
+class CriticNetwork(KerasTraining, keras.Model):
     """The DreamerV3 critic: a distributional value network plus its EMA copy, optionally an ensemble.
 
     The state `x = concat([h, flatten(z)])` goes through an `MLP` and a value
@@ -82,6 +100,10 @@ class CriticNetwork(keras.Model):
     RLlib's TensorFlow critic so weights map one to one (see
     `multicritic.rllib`). Every sub-layer's own `call` runs, so Keras's
     `quantize`, LoRA and dtype policies apply.
+
+    As a Keras model it also trains with `compile()` / `fit()` (the
+    reference's step, EMA update inside; see `KerasTraining`) and exports
+    for serving with `export()`.
 
     Args:
         model_size: DreamerV3 size, `"nano"` ... `"XL"` (see
@@ -282,12 +304,15 @@ class CriticNetwork(keras.Model):
         self.built = True
         self.init_ema()
 
-    def __call__(self, h, z, *args, **kwargs):
+    def __call__(self, h, z=None, *args, **kwargs):
+        h, z = _pair(h, z)
         # Before Keras's own checks, which refuse lists and name no argument.
         dtype = self.compute_dtype
         return super().__call__(real_tensor("h", h, dtype), real_tensor("z", z, dtype), *args, **kwargs)
 
-    def call(self, h, z, use_ema=False):
+    def call(self, h, z=None, use_ema=False):
+        h, z = _pair(h, z)
+        h = ops.cast(h, self.compute_dtype)
         self._check_inputs(h.shape, z.shape)
         z = ops.reshape(ops.cast(z, h.dtype), (-1, self.num_z_categoricals * self.num_z_classes))
         x = ops.concatenate([h, z], axis=-1)
@@ -487,6 +512,36 @@ class CriticNetwork(keras.Model):
                 f"load_weights: could not load {str(filepath)!r} into this critic; its weights are unchanged. "
                 f"Cause: {err}"
             ) from err
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, use_ema=False,
+               compute_dtype="float32", **kwargs):
+        """Exports the critic for serving: `(h, z) -> (value_real, value_symlog, logits)`, any batch size.
+
+        Through Keras's `Model.export`, from the backends where Keras supports
+        the format with a dynamic batch: `"tf_saved_model"` (TensorFlow, JAX),
+        `"onnx"` (all three) and `"litert"` (TensorFlow); other pairs raise a
+        `ValueError` naming the supported ones. `multicritic.export.load_exported`
+        runs an export with its own runtime (TensorFlow, onnxruntime, LiteRT).
+
+        Args:
+            filepath: a directory (`tf_saved_model`), a `.onnx` or a `.tflite` file.
+            format: `"tf_saved_model"`, `"onnx"` or `"litert"`.
+            use_ema: export the EMA (slow) critic instead of the fast one.
+            compute_dtype: `"float32"` (default): a critic trained under a
+                mixed precision policy is exported computing in float32 with
+                its (float32) weights, which every runtime runs as Keras
+                does; `None`: the critic's own policy (ONNX Runtime and LiteRT
+                have no CPU kernels for some bfloat16 / float16 ops).
+            verbose, input_signature, **kwargs: Keras's `Model.export`
+                (default signature: `h [None, gru_units]`, `z [None, cats,
+                classes]`, float32).
+        """
+        from multicritic import export as export_lib
+
+        if input_signature is not None:
+            kwargs["input_signature"] = input_signature
+        return export_lib.export(self, filepath, format=format, verbose=verbose, use_ema=use_ema,
+                                 compute_dtype=compute_dtype, **kwargs)
 
     def get_config(self):
         config = super().get_config()

@@ -6,13 +6,14 @@ from typing import Dict, List, Mapping, Optional
 
 import keras
 
-from multicritic.critic import CriticNetwork
+from multicritic.critic import CriticNetwork, _pair
+from multicritic.keras_training import KerasTraining
 from multicritic.normalizer import ReturnNormalizer
 from multicritic.validation import number
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
-class MultiCritic(keras.Model):
+class MultiCritic(KerasTraining, keras.Model):
     """Named critics, one per reward stream, each with its own return normaliser and loss weight.
 
     DreamerV3's exploration variant keeps one critic per reward stream (task
@@ -22,7 +23,8 @@ class MultiCritic(keras.Model):
     a `MultiCritic` in one compiled step from one batch of latent states and
     one reward array per stream (`train_on_dream(h, z, {"task": r1,
     "explore": r2}, continues)`); metrics come per stream (`"task/total"`)
-    and combined (`"total"`).
+    and combined (`"total"`). `compile()` / `fit()` train it as
+    `CriticNetwork`'s do, with `{stream: array}` value targets or rewards.
 
     Args:
         critics: `{stream: CriticNetwork or its config dict}` (the critics
@@ -122,7 +124,8 @@ class MultiCritic(keras.Model):
     def _check_inputs(self, h_shape, z_shape):
         self._first._check_inputs(h_shape, z_shape)
 
-    def call(self, h, z, use_ema=False):
+    def call(self, h, z=None, use_ema=False):
+        h, z = _pair(h, z)
         return {s: self.critics[s](h, z, use_ema=use_ema) for s in self.stream_names}
 
     @property

@@ -82,7 +82,7 @@ def real_values(name: str, x):
         raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
     if ops.is_tensor(x) or isinstance(x, keras.KerasTensor):
         kind = keras.backend.standardize_dtype(x.dtype)
-        if not kind.startswith(("float", "int", "uint", "bool")):
+        if not kind.startswith(("float", "bfloat", "int", "uint", "bool")):
             raise ValueError(f"{name}: got a tensor of dtype {kind}, expected real numbers.")
         return x
     if not isinstance(x, (np.ndarray, list, tuple, float, int, np.generic)):

@@ -24,6 +24,7 @@ from multicritic import integrity
 
 CONFIG_ATTR = "multicritic_config"
 IGNORED_CONFIG_KEYS = ("name", "dtype", "trainable")
+OPTIMIZER_GROUP = "optimizer"
 
 
 def _datasets(h5file) -> Dict[str, np.ndarray]:
@@ -35,15 +36,6 @@ def _datasets(h5file) -> Dict[str, np.ndarray]:
 
     h5file.visititems(visit)
     return out
-
-
-def _layout(critic, save) -> Dict[str, Tuple[Tuple[int, ...], str]]:
-    """`{dataset path: (shape, dtype)}` of the file Keras writes for `critic`."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "layout.weights.h5")
-        save(path)
-        with h5py.File(path, "r") as f:
-            return {name: (tuple(a.shape), str(a.dtype)) for name, a in _datasets(f).items()}
 
 
 def save(critic, path, save_fn) -> str:
@@ -100,9 +92,27 @@ def load(critic, path, save_fn, load_fn) -> None:
                                             IGNORED_CONFIG_KEYS)
         if diff:
             raise ValueError(f"{where} holds another critic configuration: {'; '.join(diff)}.")
-    integrity.check_arrays(where, arrays, _layout(critic, save_fn))
     with tempfile.TemporaryDirectory() as folder:
+        own = os.path.join(folder, "own.weights.h5")
+        save_fn(own)
+        with h5py.File(own, "r") as f:
+            layout = {name: (tuple(a.shape), str(a.dtype)) for name, a in _datasets(f).items()}
+        # A compiled critic's file also holds its optimizer's slots: they load
+        # when both sides have them; otherwise the model loads alone (the
+        # optimizer, if any, keeps its state), as Keras's `load_weights` does.
+        file_has = any(k.startswith(OPTIMIZER_GROUP + "/") for k in arrays)
+        own_has = any(k.startswith(OPTIMIZER_GROUP + "/") for k in layout)
+        if file_has != own_has:
+            arrays = {k: v for k, v in arrays.items() if not k.startswith(OPTIMIZER_GROUP + "/")}
+            layout = {k: v for k, v in layout.items() if not k.startswith(OPTIMIZER_GROUP + "/")}
+        integrity.check_arrays(where, arrays, layout)
         checked = os.path.join(folder, "checked.weights.h5")
         with open(checked, "wb") as f:
             f.write(h5_bytes)
+        if file_has != own_has:
+            with h5py.File(checked, "a") as f, h5py.File(own, "r") as mine:
+                if OPTIMIZER_GROUP in f:
+                    del f[OPTIMIZER_GROUP]
+                if own_has:
+                    mine.copy(mine[OPTIMIZER_GROUP], f, OPTIMIZER_GROUP)
         load_fn(checked)

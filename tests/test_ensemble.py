@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork, CriticTrainer, critic_loss
-from tests.conftest import random_inputs, to_np
+from tests.conftest import random_inputs, randomize, to_np
 
 K = 3
 
@@ -120,18 +120,34 @@ def test_aggregations():
     np.testing.assert_array_equal(to_np(subset_all.aggregate(keras.ops.convert_to_tensor(values), seed=0)), values.min(0))
 
 
-def test_min_of_random_draws_are_trainer_state():
-    critic = CriticNetwork(model_size="nano", ensemble_size=3, aggregation="min_of_random")
-    trainer = CriticTrainer(critic, seed=7)
-    assert any(v is trainer.seed_generators[None].state for v in trainer.state_variables)
-    data = batch(critic)
-    trainer.train_step(*data)
-    before = to_np(trainer.seed_generators[None].state).copy()
+def test_min_of_random_draws_follow_seed_and_step_count(tmp_path):
+    """Draws are a function of (seed, step count): no random state, and a resumed run draws as the whole run."""
     rng = np.random.default_rng(0)
-    h, z = random_inputs(critic, 8, seed=2)
-    trainer.train_on_dream(h.reshape(2, 4, -1), z.reshape((2, 4) + z.shape[1:]), rng.normal(size=(2, 4)),
-                           np.ones((2, 4), np.float32))
-    assert not np.array_equal(to_np(trainer.seed_generators[None].state), before)
+    h, z = random_inputs(CriticNetwork(model_size="nano"), 4 * 8, seed=2)
+    dreams = [
+        (h.reshape(4, 8, -1), z.reshape((4, 8) + z.shape[1:]), rng.normal(size=(4, 8)) * 30, np.ones((4, 8), np.float32))
+        for _ in range(4)
+    ]
+
+    def run(seed, steps, trainer=None):
+        if trainer is None:
+            critic = CriticNetwork(model_size="nano", ensemble_size=4, aggregation="min_of_random")
+            randomize(critic, seed=1)
+            trainer = CriticTrainer(critic, seed=seed, learning_rate=1e-2)
+        targets = [float(trainer.train_on_dream(*dreams[i])["value_target_mean"]) for i in steps]
+        return trainer, targets
+
+    trainer, whole = run(7, range(4))
+    assert not any(v is trainer.seed_generators[None][0].state for v in trainer.state_variables)
+    again = run(7, range(4))[1]
+    assert whole == again  # deterministic given the seed
+    assert run(8, range(4))[1] != whole  # another seed draws other members
+    first, _ = run(7, range(2))
+    first.save(tmp_path / "ckpt.npz")
+    critic = CriticNetwork(model_size="nano", ensemble_size=4, aggregation="min_of_random")
+    resumed = CriticTrainer(critic, seed=7, learning_rate=1e-2)
+    resumed.restore(tmp_path / "ckpt.npz")
+    np.testing.assert_allclose(run(7, range(2, 4), resumed)[1], whole[2:], rtol=1e-6)
 
 
 def test_member_weights_round_trip_and_are_checked():

@@ -24,6 +24,21 @@ from keras import ops
 
 SUPPORTED = ("tensorflow", "torch", "jax")
 
+# What Keras's `Model.export` produces from each backend with a dynamic batch (plain data: readable without
+# importing the backend's framework).
+EXPORT_FORMATS = {
+    "tensorflow": ("tf_saved_model", "onnx", "litert"),
+    "jax": ("tf_saved_model", "onnx"),
+    "torch": ("onnx",),
+}
+EXPORT_LIMITS = {
+    "torch": {
+        "tf_saved_model": "Keras exports a SavedModel from PyTorch through torch_xla (no CPU build for this torch)",
+        "litert": "Keras's PyTorch LiteRT path (litert-torch) fixes the batch size; the signature's batch is dynamic",
+    },
+    "jax": {"litert": "Keras has no LiteRT export from JAX"},
+}
+
 Metrics = Dict[str, Any]
 
 
@@ -64,6 +79,16 @@ class Backend(abc.ABC):
 
     name: str
 
+    @property
+    def export_formats(self) -> Tuple[str, ...]:
+        """The `critic.export` formats Keras produces from this backend with a dynamic batch."""
+        return EXPORT_FORMATS[self.name]
+
+    @property
+    def export_limits(self) -> Dict[str, str]:
+        """Why the other formats are not exported from this backend."""
+        return EXPORT_LIMITS.get(self.name, {})
+
     def constant(self, values: Tuple[float, ...]):
         """A cached table of Python floats as a float32 backend tensor, usable inside this backend's compiled
         functions."""
@@ -88,6 +113,25 @@ class Backend(abc.ABC):
     def forward_function(self, critic) -> Optional[Callable]:
         """A data-parallel forward pass `fn(h, z, use_ema=False)` for the critic, or None for `critic(...)`."""
         return None
+
+    def train_step(self, program: StepProgram, batch: Sequence) -> Metrics:
+        """One step, not compiled: gradients of `program.loss`, then `program.apply`. A compiled step
+        (`make_train_function`, Keras's `fit`) runs it inside its own compilation."""
+        raise NotImplementedError(f"{self.name}: train steps are stateless; see keras_train_step.")
+
+    def keras_train_step(self, model, program: StepProgram, state, batch):
+        """`Model.train_step` for Keras's `fit`: `program` over `batch`; returns the logs.
+
+        `state` is what Keras passes a stateless backend (JAX: the model's,
+        optimizer's and metrics' variable values), None on the others; a
+        stateless backend returns `(logs, new_state)`.
+        """
+        return self.train_step(program, batch)
+
+    def keras_test_step(self, model, evaluate: Callable[..., Metrics], state, batch):
+        """`Model.test_step` for Keras's `evaluate`: `evaluate(*batch)` (losses and metric updates, no
+        gradients); returns the logs (stateless backends: `(logs, new_state)`)."""
+        return evaluate(*batch)
 
     @abc.abstractmethod
     def make_train_function(self, program: StepProgram, batch_axis: int) -> Callable[..., Metrics]:

@@ -43,6 +43,44 @@ def _shard_batch(batch, batch_axis):
     return out
 
 
+def _stateless_step(program, variables, state, batch):
+    """`program`'s step on the values `state` of `variables` (trainable first): `(new_state, metrics)`."""
+    n_trainable = len(program.trainable)
+    if [id(v) for v in variables[:n_trainable]] != [id(v) for v in program.trainable]:
+        raise ValueError("StepProgram: state must start with the trainable variables, in their order.")
+
+    def scaled_loss(trainable_values):
+        mapping = list(zip(variables, list(trainable_values) + state[n_trainable:]))
+        with StatelessScope(state_mapping=mapping) as scope:
+            loss, metrics = program.loss(*batch)
+            scaled = program.scale_loss(loss)
+        # State the loss moved (a seed generator's), kept for the update.
+        return scaled, (metrics, [scope.get_current_value(v) for v in variables[n_trainable:]])
+
+    grads, (metrics, moved) = jax.grad(scaled_loss, has_aux=True)(state[:n_trainable])
+    state = state[:n_trainable] + [old if new is None else new for old, new in zip(state[n_trainable:], moved)]
+    return _run_stateless(variables, state, lambda: program.apply(list(grads), metrics))
+
+
+def _run_stateless(variables, state, fn):
+    """`fn()` with `variables` reading `state`: `(new_state, fn's result)`."""
+    with StatelessScope(state_mapping=list(zip(variables, state))) as scope:
+        result = fn()
+    new_state = []
+    for var, old in zip(variables, state):
+        value = scope.get_current_value(var)
+        new_state.append(old if value is None else value)
+    return new_state, result
+
+
+def _split(values, groups):
+    out, start = [], 0
+    for group in groups:
+        out.append(list(values[start : start + len(group)]))
+        start += len(group)
+    return tuple(out)
+
+
 def _bucket(batch: int) -> int:
     return max(8, 1 << (batch - 1).bit_length())
 
@@ -75,30 +113,10 @@ class JaxBackend(Backend):
         shared_vars = [v for v in program.state if id(v) not in private]
         private_vars = [v for v in program.state if id(v) in private]
         variables = shared_vars + private_vars
-        n_trainable, n_shared = len(program.trainable), len(shared_vars)
-        if [id(v) for v in shared_vars[:n_trainable]] != [id(v) for v in program.trainable]:
-            raise ValueError("StepProgram: state must start with the trainable variables, in their order.")
+        n_shared = len(shared_vars)
 
         def step(shared_state, private_state, batch):
-            state = list(shared_state) + list(private_state)
-
-            def scaled_loss(trainable_values):
-                mapping = list(zip(variables, list(trainable_values) + state[n_trainable:]))
-                with StatelessScope(state_mapping=mapping) as scope:
-                    loss, metrics = program.loss(*batch)
-                    scaled = program.scale_loss(loss)
-                # State the loss moved (a seed generator's), kept for the update.
-                return scaled, (metrics, [scope.get_current_value(v) for v in variables[n_trainable:]])
-
-            grads, (metrics, moved) = jax.grad(scaled_loss, has_aux=True)(state[:n_trainable])
-            state = state[:n_trainable] + [old if new is None else new for old, new in zip(state[n_trainable:], moved)]
-            with StatelessScope(state_mapping=list(zip(variables, state))) as scope:
-                metrics = program.apply(list(grads), metrics)
-            new_state = []
-            for var, old in zip(variables, state):
-                value = scope.get_current_value(var)
-                new_state.append(old if value is None else value)
-            return new_state, metrics
+            return _stateless_step(program, variables, list(shared_state) + list(private_state), batch)
 
         # Donating the optimizer's state lets XLA update it in place. The
         # critic's weights are not donated: other threads may be reading them
@@ -120,6 +138,20 @@ class JaxBackend(Backend):
 
         run.compiled = compiled
         return run
+
+    def keras_train_step(self, model, program, state, batch):
+        """Keras's stateless `train_step`: `state` = (trainable, non-trainable, optimizer, metrics) values."""
+        groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables,
+                  model.metrics_variables)
+        variables = [v for group in groups for v in group]
+        new_state, logs = _stateless_step(program, variables, [x for part in state for x in part], batch)
+        return logs, _split(new_state, groups)
+
+    def keras_test_step(self, model, evaluate, state, batch):
+        groups = (model.trainable_variables, model.non_trainable_variables, model.metrics_variables)
+        variables = [v for group in groups for v in group]
+        new_state, logs = _run_stateless(variables, [x for part in state for x in part], lambda: evaluate(*batch))
+        return logs, _split(new_state, groups)
 
     def make_predict_function(self, critic, use_ema):
         """Jitted forward pass; batches are padded to a power of two (rows are independent),

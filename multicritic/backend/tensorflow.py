@@ -80,6 +80,12 @@ class TensorFlowBackend(Backend):
             return x
         return context.all_gather(x, axis=0)
 
+    def train_step(self, program, batch):
+        with tf.GradientTape() as tape:
+            loss, metrics = program.loss(*batch)
+            scaled = program.scale_loss(loss)
+        return program.apply(tape.gradient(scaled, list(program.trainable)), metrics)
+
     def make_train_function(self, program, batch_axis):
         trainable = list(program.trainable)
         # The strategy the critic's variables were created under (mirrored
@@ -92,10 +98,7 @@ class TensorFlowBackend(Backend):
         compiled = {}
 
         def step(*batch):
-            with tf.GradientTape() as tape:
-                loss, metrics = program.loss(*batch)
-                scaled = program.scale_loss(loss)
-            return program.apply(tape.gradient(scaled, trainable), metrics)
+            return self.train_step(program, batch)
 
         def run(*batch):
             signature = batch_signature(batch, batch_axis)

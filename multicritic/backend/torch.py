@@ -54,8 +54,26 @@ class TorchBackend(Backend):
         forward.ddp = ddp
         return forward
 
+    def train_step(self, program, batch, apply=None, distributed=False):
+        params = [v.value for v in program.trainable]
+        for p in params:
+            p.grad = None
+        loss, metrics = program.loss(*batch)
+        program.scale_loss(loss).backward()
+        grads = [p.grad for p in params]
+        with torch.no_grad():
+            metrics = {k: v.detach() for k, v in metrics.items()}
+            if distributed:
+                # Every process must take the same skip-or-update decision.
+                for key in program.decision_metrics:
+                    torch.distributed.all_reduce(metrics[key])
+            return (apply or program.apply)(grads, metrics)
+
+    def keras_test_step(self, model, evaluate, state, batch):
+        with torch.no_grad():
+            return evaluate(*batch)
+
     def make_train_function(self, program, batch_axis):
-        trainable = list(program.trainable)
         distributed = _distributed()
         # jit_compile: torch.compile fuses the update's parameter-sized
         # elementwise work (clip, Adam, EMA) into a few loops. The forward and
@@ -64,19 +82,7 @@ class TorchBackend(Backend):
         apply = torch.compile(program.apply) if program.jit_compile else program.apply
 
         def step(*batch):
-            params = [v.value for v in trainable]
-            for p in params:
-                p.grad = None
-            loss, metrics = program.loss(*batch)
-            program.scale_loss(loss).backward()
-            grads = [p.grad for p in params]
-            with torch.no_grad():
-                metrics = {k: v.detach() for k, v in metrics.items()}
-                if distributed:
-                    # Every process must take the same skip-or-update decision.
-                    for key in program.decision_metrics:
-                        torch.distributed.all_reduce(metrics[key])
-                return apply(grads, metrics)
+            return self.train_step(program, batch, apply, distributed)
 
         return step
 

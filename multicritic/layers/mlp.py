@@ -38,7 +38,7 @@ def _fit_float16(x):
     # +-inf becomes +-65504, then rows whose largest |x| exceeds 2^8 are
     # scaled down to it: the LayerNorm after the Dense ignores a row's scale
     # but for epsilon.
-    x = ops.nan_to_num(x, nan=float("nan"), posinf=_FLOAT16_MAX, neginf=-_FLOAT16_MAX)
+    x = ops.clip(x, -_FLOAT16_MAX, _FLOAT16_MAX)  # (NaN stays NaN; exporters take a clip, not an isinf)
     return x * _row_scale(x, _FLOAT16_ROW_LIMIT)
 
 

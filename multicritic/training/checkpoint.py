@@ -38,12 +38,10 @@ _OPTION_DEFAULTS = {"ema_update_period": 1, "ema_regularizer_weight": 1.0, "ema_
                     "ema_targets": False}
 
 
-def _key(var, critic_name: str, optimizer_vars: set, steps, seed_states) -> str:
+def _key(var, critic_name: str, optimizer_vars: set, steps) -> str:
     path = var.path
     if var is steps:
         return "trainer/steps"
-    if id(var) in seed_states:
-        return "trainer/" + seed_states[id(var)]
     if id(var) in optimizer_vars:
         # `adam/<critic>_mlp_dense_0_kernel_momentum` -> `optimizer/critic_mlp_dense_0_kernel_momentum`
         name = path.split("/", 1)[-1]
@@ -59,12 +57,9 @@ def keyed_variables(trainer) -> Dict[str, object]:
     """`{key: variable}` for every state variable of `trainer`, keys independent of names given by the user."""
     critic_name = trainer.critic.name
     optimizer_vars = {id(v) for v in trainer.optimizer.variables}
-    seed_states = {
-        id(g.state): "seed" + ("" if stream is None else "_" + stream) for stream, g in trainer.seed_generators.items()
-    }
     out = {}
     for var in trainer.state_variables:
-        key = _key(var, critic_name, optimizer_vars, trainer.steps, seed_states)
+        key = _key(var, critic_name, optimizer_vars, trainer.steps)
         if key in out:
             raise ValueError(f"checkpoint: two state variables share the key {key!r}; cannot save this trainer.")
         out[key] = var

@@ -107,7 +107,9 @@ class CriticTrainer:
             distribution).
         ema_targets: compute lambda-return targets from the EMA critic's
             values instead of the fast critic's.
-        seed: seed of the member draws of `aggregation="min_of_random"`.
+        seed: seed of the member draws of `aggregation="min_of_random"`; the
+            members drawn at a step are a function of the seed and the step
+            count (no random state to carry or checkpoint).
         learning_rate, epsilon: of the default Adam (3e-5, 1e-5).
         jit_compile: TensorFlow: compile the step with XLA; PyTorch: compile
             the update (clip, optimizer, EMA) with `torch.compile` (about 15 s
@@ -152,6 +154,7 @@ class CriticTrainer:
         epsilon: float = 1e-5,
         jit_compile: bool = False,
         check_finite: bool = True,
+        step_counter: Optional[keras.Variable] = None,
     ):
         if not isinstance(critic, (CriticNetwork, MultiCritic)):
             raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic.")
@@ -201,14 +204,29 @@ class CriticTrainer:
         self.jit_compile = bool(jit_compile)
         self.check_finite = bool(check_finite)
         self.optimizer.build(critic.trainable_variables)
-        self.steps = keras.Variable(0, dtype="int32", trainable=False, name="critic_trainer_steps")
-        # Member draws of "min_of_random": state of the trainer, checkpointed.
+        if step_counter is not None and not any(step_counter is v for v in self.optimizer.variables):
+            raise ValueError(
+                "step_counter: got a variable the optimizer does not hold, expected the optimizer's own "
+                "`iterations` (or None for a counter of the trainer's own)."
+            )
+        self._own_counter = step_counter is None
+        self.steps = (
+            keras.Variable(0, dtype="int32", trainable=False, name="critic_trainer_steps")
+            if step_counter is None
+            else step_counter
+        )
+        # Member draws of "min_of_random": a generator per stream whose state
+        # is set from (seed, step count) at each step, so draws need no state
+        # of their own and a resumed run draws what the whole run would have.
         self.seed_generators = {}
         for stream, member in self._critics().items():
             if member.ensemble_size > 1 and member.aggregation == "min_of_random":
-                self.seed_generators[stream] = keras.random.SeedGenerator(
+                generator = keras.random.SeedGenerator(
                     seed, name="critic_trainer_seed" + ("" if stream is None else "_" + stream)
                 )
+                # Streams draw apart: each its own offset of the seed.
+                base = int(np.asarray(ops.convert_to_numpy(generator.state)).reshape(-1)[0]) + len(self.seed_generators)
+                self.seed_generators[stream] = (generator, base)
         self._backend = backend.current()
         self._compiled: Dict[str, Callable] = {}
         # One step at a time: a second thread gets a clear error, not a
@@ -228,8 +246,7 @@ class CriticTrainer:
             list(self.critic.trainable_variables)
             + list(self.critic.non_trainable_variables)
             + list(self.optimizer.variables)
-            + [self.steps]
-            + [g.state for g in self.seed_generators.values()]
+            + ([self.steps] if self._own_counter else [])
         )
 
     def options(self) -> Dict[str, object]:
@@ -353,8 +370,7 @@ class CriticTrainer:
             return x[:, :-1] if members else x[:-1]
 
         source = ops.stop_gradient(ema_value if self.ema_targets else value)
-        seed = self.seed_generators.get(stream)
-        values_real = inverse_symlog(time_major(critic.aggregate(source, seed=seed), per_member))
+        values_real = inverse_symlog(time_major(self._aggregate(stream, critic, source), per_member))
         if per_member:  # [K, H+1, B]: each member bootstraps from its own values
             k = critic.ensemble_size
             values_real = ops.moveaxis(values_real, 0, -1)
@@ -375,6 +391,16 @@ class CriticTrainer:
             low, high = self.critic.normalizers[stream].statistics(self._backend.all_gather(ops.stop_gradient(targets)))
             losses["return_low"], losses["return_high"] = low, high
         return losses
+
+    def _aggregate(self, stream, critic, values):
+        """`critic.aggregate`, drawing "min_of_random" members from (seed, step count)."""
+        if stream not in self.seed_generators:
+            return critic.aggregate(values)
+        generator, base = self.seed_generators[stream]
+        state = ops.cast(ops.stack([ops.convert_to_tensor(base, "int32"), ops.cast(self.steps, "int32")]),
+                         generator.state.dtype)
+        with keras.StatelessScope(state_mapping=[(generator.state, state)]):
+            return critic.aggregate(values, seed=generator)
 
     def _dream_loss(self, h, z, rewards, continues):
         horizon = h.shape[0]
@@ -446,7 +472,8 @@ class CriticTrainer:
             backend.apply_gradients(self.optimizer, grads, critic.trainable_variables)
 
         def bookkeeping():
-            self.steps.assign(self.steps + 1)
+            if self._own_counter:  # else the optimizer has counted the step
+                self.steps.assign(self.steps + 1)
             if isinstance(critic, MultiCritic):
                 for stream, normalizer in critic.normalizers.items():
                     if f"{stream}/return_low" in metrics:

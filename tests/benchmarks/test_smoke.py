@@ -39,3 +39,20 @@ def test_step_flops_formula():
     # per weight each; input gradients for every layer but the first one.
     weights = 1280 * 256 + 256 * 255
     assert step_flops(1280, 256, 1, 255, 1) == 3 * 2 * weights + 2 * 256 * 255
+
+
+def test_export_latency_benchmark_runs(tmp_path):
+    from multicritic.export import SUPPORTED
+
+    out = tmp_path / "latency.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "export_latency.py"), "--backend", BACKEND, "--size", "nano",
+         "--batch", "1", "4", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads(out.read_text())
+    assert sorted((r["format"], r["batch"]) for r in records) == sorted(
+        (f, b) for f in ("keras",) + SUPPORTED[BACKEND] for b in (1, 4)
+    )
+    assert all(r["ms"] > 0 for r in records)

@@ -1,0 +1,74 @@
+"""Exporting a critic for serving: `(h, z) -> (value_real, value_symlog, logits)` through Keras's `Model.export`."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from multicritic import backend as backends
+from multicritic.backend.runtimes import load_exported  # noqa: F401  (the runtimes that serve an export)
+
+FORMATS = ("tf_saved_model", "onnx", "litert")
+# The (backend, format) pairs that export with a dynamic batch and reload with the format's own runtime (tested).
+SUPPORTED = backends.EXPORT_FORMATS
+
+
+def serving_inverse_symlog(y):
+    """`inverse_symlog` without `expm1`, which ONNX lacks: `expm1(x) = tanh(x / 2) * (exp(x) + 1)` holds
+    exactly and keeps float32's relative precision near 0, where `exp(x) - 1` would cancel."""
+    x = ops.abs(y)
+    return ops.sign(y) * ops.tanh(0.5 * x) * (ops.exp(x) + 1.0)
+
+
+class ServingCritic(keras.Model):
+    """The critic's serving signature: `(h, z) -> (value_real, value_symlog, logits)`, fast or EMA weights."""
+
+    def __init__(self, critic, use_ema=False, **kwargs):
+        # float32 in and out whatever the global policy: the critic casts to its own compute dtype.
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(name=f"{critic.name}_serving", **kwargs)
+        self.critic = critic
+        self.use_ema = bool(use_ema)
+        self.built = critic.built  # nothing of its own to build
+
+    def call(self, h, z):
+        value, logits = self.critic(h, z, use_ema=self.use_ema)
+        return serving_inverse_symlog(value), value, logits
+
+
+def input_signature(critic):
+    return [
+        keras.InputSpec(shape=(None, critic.gru_units), dtype="float32", name="h"),
+        keras.InputSpec(shape=(None, critic.num_z_categoricals, critic.num_z_classes), dtype="float32", name="z"),
+    ]
+
+
+def float32_copy(critic):
+    """`critic` itself when it computes in float32, else a float32 critic holding the same (float32) weights."""
+    if critic.compute_dtype == "float32":
+        return critic
+    config = critic.get_config()
+    config["dtype"] = "float32"
+    copy = type(critic).from_config(config)
+    copy.set_weights(critic.get_weights())
+    return copy
+
+
+def export(critic, filepath, format="tf_saved_model", verbose=None, use_ema=False, compute_dtype="float32", **kwargs):
+    """See `CriticNetwork.export`."""
+    current = backends.current()
+    if format not in FORMATS:
+        raise ValueError(f"format: got {format!r}, expected one of {list(FORMATS)}.")
+    if format not in current.export_formats:
+        pairs = ", ".join(f"{b}: {', '.join(f)}" for b, f in SUPPORTED.items())
+        why = current.export_limits.get(format, "not supported")
+        raise ValueError(
+            f"format: got {format!r} on the {current.name!r} backend ({why}); supported (backend: formats): {pairs}."
+        )
+    if not critic.built:
+        raise ValueError("export: the critic is not built yet; call it once on a batch (or give its input sizes).")
+    if compute_dtype not in ("float32", None):
+        raise ValueError(f"compute_dtype: got {compute_dtype!r}, expected 'float32' or None (the critic's policy).")
+    serving = ServingCritic(float32_copy(critic) if compute_dtype == "float32" else critic, use_ema=use_ema)
+    kwargs.setdefault("input_signature", input_signature(critic))
+    return serving.export(str(filepath), format=format, verbose=verbose, **kwargs)

@@ -1,0 +1,371 @@
+"""Keras-native training: `compile()` / `fit()` / `evaluate()` on the critic, with the EMA inside `train_step`.
+
+`KerasTraining` is the model-side half (a mixin of `CriticNetwork` and
+`MultiCritic`): it unpacks Keras's batches and records metrics. The step's
+math is `CriticTrainer`'s (the same loss, clipping, optimizer and EMA code),
+and how gradients are taken is the backend contract's
+(`Backend.keras_train_step`, the per-backend `train_step` of Keras's own
+trainers). Keras compiles the step (`tf.function`, `jax.jit`, eager PyTorch or
+`torch.compile`) as for any model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import keras
+from keras import ops
+
+from multicritic import backend
+from multicritic.validation import fmt
+
+# Options of `compile` that configure the trainer (the rest are Keras's).
+TRAINER_OPTIONS = {
+    "gamma": 0.997,
+    "lambda_": 0.95,
+    "grad_clip": 100.0,
+    "ema_update_period": 1,
+    "ema_regularizer_weight": 1.0,
+    "ema_regularizer": "two_hot_mean",
+    "ema_targets": False,
+    "seed": None,
+    "learning_rate": 3e-5,
+    "epsilon": 1e-5,
+}
+_UNSUPPORTED = ("metrics", "weighted_metrics", "loss_weights", "auto_scale_loss")
+_DREAM_KEYS = ("h", "z", "rewards", "continues")
+_DIRECT_KEYS = ("h", "z", "value_targets", "loss_weights")
+
+
+class _FitState:
+    """What `compile` sets up (a plain object: Keras neither tracks nor saves it)."""
+
+    def __init__(self, trainer, options, trackers):
+        self.trainer = trainer
+        self.options = options
+        self.trackers = trackers
+        self.programs = {}
+        # Batches a restored backup already trained on (see `callbacks.BackupAndRestore`).
+        self.skip_batches = 0
+
+
+def _metric_names(critic, regularize: bool) -> List[str]:
+    from multicritic.multi_critic import MultiCritic
+
+    def per_critic(member):
+        names = ["value_nll", "ema_regularizer", "clipped_fraction"]
+        names += ["ema_value_gap"] if regularize else []
+        names += ["member_spread"] if member.ensemble_size > 1 else []
+        return names
+
+    if isinstance(critic, MultiCritic):
+        streams = [f"{s}/{k}" for s, m in critic.streams.items() for k in ["total"] + per_critic(m)]
+        return ["total"] + streams
+    return ["total"] + per_critic(critic)
+
+
+class KerasTraining:
+    """`compile` / `fit` / `evaluate` / `predict` for a critic, with the reference's training step.
+
+    `compile()` with no arguments trains as `CriticTrainer` does by default
+    (Adam 3e-5, epsilon 1e-5, global-norm clip 100, the critic loss, EMA
+    update after every optimizer step). Keras runs the step: `fit` takes
+    numpy arrays, `tf.data`, `keras.utils.PyDataset`, a torch `DataLoader`
+    or any iterable Keras accepts, with batches of one of two kinds:
+
+    - direct: `x=(h, z)`, `y=value_targets` `[B]` (or `[B, 1]`),
+      `sample_weight=loss_weights` `[B]` (default ones); as a dict
+      `{"h", "z", "value_targets", "loss_weights"}`.
+    - dream: `x=(h, z, rewards, continues)` with no `y`, BATCH-MAJOR
+      (`h [B, H+1, gru_units]`, `z [B, H+1, cats, classes]`, `rewards` and
+      `continues` `[B, H+1]`), since Keras batches along the first axis;
+      as a dict `{"h", "z", "rewards", "continues"}`. The step transposes
+      them to `CriticTrainer.train_on_dream`'s time-major layout.
+
+    The optimizer's `iterations` counts the steps (the EMA period and the
+    "min_of_random" draws follow it), so a `.keras` file or a
+    `BackupAndRestore` backup resumes the EMA schedule exactly. Logs hold
+    `loss` (= `total`), each loss term, `grad_norm`, `ema_value_gap`,
+    `clipped_fraction` (epoch means) and `step_skipped` (skipped steps in
+    the epoch).
+    """
+
+    def compile(self, optimizer=None, loss=None, *, jit_compile="auto", steps_per_execution=1, run_eagerly=False,
+                **kwargs):
+        """Configures `fit`.
+
+        Args:
+            optimizer: a Keras optimizer (instance, name or config); `None`:
+                Adam with `learning_rate` and `epsilon`, the reference's. Give
+                it no `clipnorm` of its own (`grad_clip` clips).
+            loss: `None` or `"critic_loss"`: the critic loss (the only one).
+            jit_compile, steps_per_execution, run_eagerly: Keras's.
+            **kwargs: `CriticTrainer`'s options: `gamma`, `lambda_`,
+                `grad_clip`, `ema_update_period`, `ema_regularizer_weight`,
+                `ema_regularizer`, `ema_targets`, `seed`, `learning_rate`,
+                `epsilon`.
+        """
+        from multicritic.training.trainer import CriticTrainer  # the trainer imports the critic
+
+        for name in _UNSUPPORTED:
+            if kwargs.get(name) is not None:
+                raise ValueError(
+                    f"{name}: got {kwargs[name]!r}, expected None; the critic's logs hold its loss terms and "
+                    "diagnostics (see CriticNetwork.compile)."
+                )
+        unknown = sorted(set(kwargs) - set(TRAINER_OPTIONS) - set(_UNSUPPORTED))
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not an option of compile; expected Keras's or {sorted(TRAINER_OPTIONS)}.")
+        if loss not in (None, "critic_loss"):
+            raise ValueError(f"loss: got {loss!r}, expected None or 'critic_loss' (the critic's own loss).")
+        if not self.built:
+            raise ValueError("compile: the critic is not built yet; call it once on a batch (or give its input sizes).")
+        options = {k: kwargs.get(k, v) for k, v in TRAINER_OPTIONS.items()}
+        if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
+            optimizer = keras.optimizers.get(optimizer)
+        if optimizer is None:
+            optimizer = keras.optimizers.Adam(learning_rate=options["learning_rate"], epsilon=options["epsilon"])
+        if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(
+            optimizer, keras.optimizers.LossScaleOptimizer
+        ):
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        trainer = CriticTrainer(self, optimizer, step_counter=optimizer.iterations, check_finite=False, **options)
+        regularize = trainer.ema_regularizer_weight > 0.0
+        trackers = {"total": keras.metrics.Mean(name="total")}
+        for name in _metric_names(self, regularize)[1:] + ["grad_norm"]:
+            trackers[name] = keras.metrics.Mean(name=name)
+        trackers["step_skipped"] = keras.metrics.Sum(name="step_skipped")
+        self._fit = _FitState(trainer, options, trackers)
+        super().compile(
+            optimizer=trainer.optimizer,
+            loss=None,
+            jit_compile=jit_compile,
+            steps_per_execution=steps_per_execution,
+            run_eagerly=run_eagerly,
+        )
+
+    @property
+    def metrics(self):
+        fit = getattr(self, "_fit", None)
+        if fit is None or not self.compiled:
+            return super().metrics
+        return [self._loss_tracker] + list(fit.trackers.values())
+
+    @property
+    def fit_trainer(self):
+        """The `CriticTrainer` whose math `fit` runs (set by `compile`)."""
+        fit = getattr(self, "_fit", None)
+        if fit is None:
+            raise ValueError("fit_trainer: the critic is not compiled; call critic.compile() first.")
+        return fit.trainer
+
+    # ------------------------------------------------------------------
+    # Saving the compile arguments (`.keras` files compile on load).
+
+    def get_compile_config(self):
+        fit = getattr(self, "_fit", None)
+        if fit is None:
+            return None
+        config = super().get_compile_config() or {}
+        config = {k: v for k, v in config.items() if k in ("optimizer", "jit_compile", "steps_per_execution")}
+        config.update(fit.options)
+        return config
+
+    def compile_from_config(self, config):
+        config = dict(config)
+        optimizer = config.pop("optimizer", None)
+        if optimizer is not None:
+            optimizer = keras.saving.deserialize_keras_object(optimizer)
+        self.compile(optimizer=optimizer, **config)
+
+    # ------------------------------------------------------------------
+    # Batches.
+
+    def _fit_batch(self, data, need_targets=True):
+        """`(kind, tensors)` from a Keras batch: `"direct"` `(h, z, targets, weights)` or `"dream"`
+        `(h, z, rewards, continues)`, time-major, float32, shapes checked."""
+        if isinstance(data, (tuple, list)) and len(data) == 1:
+            data = data[0]
+        if isinstance(data, dict):
+            keys = set(data)
+            if keys == set(_DREAM_KEYS):
+                data = tuple(data[k] for k in _DREAM_KEYS)
+            elif {"h", "z", "value_targets"} <= keys <= set(_DIRECT_KEYS):
+                data = ((data["h"], data["z"]), data["value_targets"], data.get("loss_weights"))
+            else:
+                raise ValueError(
+                    f"data: got a dict with keys {sorted(keys)}, expected {list(_DREAM_KEYS)} (dream) or "
+                    f"{list(_DIRECT_KEYS)} (direct; loss_weights optional)."
+                )
+        if not isinstance(data, (tuple, list)):
+            raise ValueError(f"data: got {type(data).__name__}, expected ((h, z), value_targets[, loss_weights]) "
+                             "or (h, z, rewards, continues).")
+        if len(data) == 4 and not isinstance(data[0], (tuple, list)):
+            return "dream", self._dream_batch(*data)
+        if len(data) == 2 and not any(isinstance(x, (tuple, list, dict)) for x in data):
+            data = (tuple(data),)  # x=(h, z) with no y
+        x = data[0]
+        if not isinstance(x, (tuple, list)) or len(x) != 2:
+            raise ValueError(
+                "x: expected (h, z) with value targets as y (a direct batch), or x=(h, z, rewards, continues) "
+                f"with no y (a dream batch); got x of type {type(x).__name__}"
+                + (f" with {len(x)} parts." if isinstance(x, (tuple, list)) else ".")
+            )
+        y = data[1] if len(data) > 1 else None
+        weights = data[2] if len(data) > 2 else None
+        if y is None and need_targets:
+            raise ValueError("y: got None, expected value targets [B] for x=(h, z).")
+        return "direct", self._direct_batch(x[0], x[1], y, weights)
+
+    def _inputs(self, h, z, lead_rank):
+        h = ops.cast(h, "float32")
+        z = ops.cast(z, "float32")
+        if len(h.shape) != lead_rank + 1 or len(z.shape) != lead_rank + 2:
+            axes = "[B, ...]" if lead_rank == 1 else "[B, H+1, ...] (batch-major)"
+            raise ValueError(
+                f"h, z: got shapes {fmt(tuple(h.shape))} and {fmt(tuple(z.shape))}, expected {axes} with "
+                f"h [..., {self.gru_units}] and z [..., {self.num_z_categoricals}, {self.num_z_classes}]."
+            )
+        lead = tuple(h.shape[:lead_rank])
+        self._check_inputs((None,) + tuple(h.shape[lead_rank:]), (None,) + tuple(z.shape[lead_rank:]))
+        return h, z, lead
+
+    def _per_position(self, name, x, lead):
+        def one(x, name):
+            x = ops.cast(x, "float32")
+            if len(x.shape) == len(lead) + 1 and x.shape[-1] == 1:
+                x = ops.squeeze(x, -1)
+            known = all(a is None or b is None or a == b for a, b in zip(x.shape, lead))
+            if len(x.shape) != len(lead) or not known:
+                raise ValueError(f"{name}: got shape {fmt(tuple(x.shape))}, expected {fmt(lead)} (one per position).")
+            return x
+
+        if isinstance(x, dict):
+            return {k: one(v, f"{name}[{k!r}]") for k, v in x.items()}
+        return one(x, name)
+
+    def _direct_batch(self, h, z, targets, weights):
+        h, z, lead = self._inputs(h, z, 1)
+        targets = self._per_position("y (value_targets)", targets, lead)
+        weights = ops.ones_like(h[:, 0]) if weights is None else self._per_position("sample_weight", weights, lead)
+        return h, z, targets, weights
+
+    def _dream_batch(self, h, z, rewards, continues):
+        h, z, lead = self._inputs(h, z, 2)
+        rewards = self._per_position("rewards", rewards, lead)
+        continues = self._per_position("continues", continues, lead)
+
+        def time_major(x):
+            return {k: ops.swapaxes(v, 0, 1) for k, v in x.items()} if isinstance(x, dict) else ops.swapaxes(x, 0, 1)
+
+        return tuple(time_major(x) for x in (h, z, rewards, continues))
+
+    # ------------------------------------------------------------------
+    # Steps.
+
+    def make_train_function(self, force=False):
+        super().make_train_function(force)
+        inner = self.train_function
+        if inner is not None and not getattr(inner, "multicritic", False):
+
+            def train_function(*args):
+                fit = getattr(self, "_fit", None)
+                if fit is None or fit.skip_batches <= 0:
+                    return self._keep_state_on_error(inner, args, self._train_groups)
+                fit.skip_batches -= 1
+                source = args[-1]
+                if hasattr(source, "__next__"):  # TF and JAX pass an iterator, PyTorch the fetched batch
+                    next(source)
+                return ({}, args[0]) if len(args) == 2 else {}
+
+            train_function.multicritic = True
+            self.train_function = train_function
+        return self.train_function
+
+    def make_test_function(self, force=False):
+        super().make_test_function(force)
+        inner = self.test_function
+        if inner is not None and not getattr(inner, "multicritic", False):
+
+            def test_function(*args):
+                return self._keep_state_on_error(inner, args, self._test_groups)
+
+            test_function.multicritic = True
+            self.test_function = test_function
+        return self.test_function
+
+    def _train_groups(self):
+        return (self.trainable_variables, self.non_trainable_variables, self.optimizer.variables,
+                self.metrics_variables)
+
+    def _test_groups(self):
+        return self.trainable_variables, self.non_trainable_variables, self.metrics_variables
+
+    def _keep_state_on_error(self, fn, args, groups):
+        """Runs Keras's step function; a stateless backend (JAX: `args = (state, data)`) has taken the
+        variables' values out of them for the step, and gets them back when the step raises (a batch
+        refused while tracing), so that nothing changes."""
+        try:
+            return fn(*args)
+        except Exception:
+            if len(args) == 2:
+                for variables, values in zip(groups(), args[0]):
+                    for var, value in zip(variables, values):
+                        var.assign(value)
+            raise
+
+    def _record(self, metrics, names) -> Dict[str, object]:
+        trackers = self._fit.trackers
+        self._loss_tracker.update_state(metrics["total"])
+        for name in names:
+            trackers[name].update_state(metrics[name])
+        logs = {"loss": self._loss_tracker.result()}
+        logs.update({name: trackers[name].result() for name in names})
+        return logs
+
+    def _program(self, kind):
+        fit = self._fit
+        program = fit.programs.get(kind)
+        if program is None:
+            trainer = fit.trainer
+            if kind == "dream":
+                def loss(h, z, rewards, continues):
+                    return trainer._dream_loss(h, z, rewards, continues)
+            else:
+                def loss(h, z, targets, weights):
+                    return trainer._loss_parts(h, z, targets, weights)
+            names = list(fit.trackers)
+
+            def apply(grads, metrics):
+                return self._record(trainer._apply(grads, metrics), names)
+
+            program = fit.programs[kind] = dataclasses.replace(trainer._program(loss), apply=apply, jit_compile=False)
+        return program
+
+    def _require_compiled(self):
+        if getattr(self, "_fit", None) is None:
+            raise ValueError("fit: the critic is not compiled; call critic.compile() (no arguments: the reference's "
+                             "optimizer and loss) first.")
+
+    def train_step(self, *args):
+        self._require_compiled()
+        state, data = (args[0] if len(args) == 2 else None), args[-1]
+        kind, batch = self._fit_batch(data)
+        return backend.current().keras_train_step(self, self._program(kind), state, batch)
+
+    def test_step(self, *args):
+        self._require_compiled()
+        state, data = (args[0] if len(args) == 2 else None), args[-1]
+        kind, batch = self._fit_batch(data)
+        trainer = self._fit.trainer
+        names = [n for n in self._fit.trackers if n not in ("grad_norm", "step_skipped")]
+
+        def evaluate(*batch):
+            if kind == "dream":
+                _, metrics = trainer._dream_loss(*batch)
+            else:
+                _, metrics = trainer._loss_parts(*batch)
+            return self._record(metrics, names)
+
+        return backend.current().keras_test_step(self, evaluate, state, batch)
