@@ -16,7 +16,9 @@ from multicritic.layers.reward_predictor import RewardPredictorLayer  # noqa: E4
 from multicritic.losses import critic_loss  # noqa: E402
 from multicritic.multi_critic import MultiCritic  # noqa: E402
 from multicritic.normalizer import ReturnNormalizer  # noqa: E402
-from multicritic.returns import dream_loss_weights, lambda_returns  # noqa: E402
+from multicritic.optimizers import LaProp, LinearWarmup  # noqa: E402
+from multicritic import presets  # noqa: E402
+from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns  # noqa: E402
 from multicritic.rllib import export_rllib_weights, load_rllib_weights  # noqa: E402
 from multicritic.sizes import get_model_dims  # noqa: E402
 from multicritic.training.trainer import CriticTrainer  # noqa: E402
@@ -26,7 +28,9 @@ __all__ = [
     "CriticNetwork",
     "CriticTrainer",
     "HLGaussHead",
+    "LaProp",
     "LayerNormalization",
+    "LinearWarmup",
     "MLP",
     "MSEHead",
     "MultiCritic",
@@ -40,6 +44,8 @@ __all__ = [
     "inverse_symlog",
     "lambda_returns",
     "load_rllib_weights",
+    "presets",
+    "replay_lambda_returns",
     "symexp",
     "symlog",
     "two_hot",

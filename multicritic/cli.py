@@ -16,6 +16,7 @@ from multicritic import backend_default
 from multicritic.check import BACKENDS, installed_backends
 from multicritic.demo.config import (
     AGGREGATIONS,
+    PRESETS,
     BIN_SCHEMES,
     HEADS,
     MAX_ENSEMBLE,
@@ -30,7 +31,7 @@ from multicritic.demo.config import (
 PLOT_FORMATS = ("eps", "jpeg", "jpg", "pdf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff", "webp")
 NO_BACKEND = "no Keras backend is installed (pip install 'multicritic[jax]', '[torch]' or '[tensorflow]')"
 _FLAGS = {"size": "--size", "bin_scheme": "--bin-scheme", "steps": "--steps", "seed": "--seed", "scales": "--scales",
-          "head": "--head", "ensemble": "--ensemble", "aggregation": "--aggregation"}
+          "head": "--head", "ensemble": "--ensemble", "aggregation": "--aggregation", "preset": "--preset"}
 
 
 class UsageError(Exception):
@@ -82,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"how the members' values are reduced for the targets and the scored value, one of {list(AGGREGATIONS)} "
         "(default: mean; members: each learns from its own targets, their mean is scored; min_of_random needs "
         "--ensemble 2 or more)",
+    )
+    demo.add_argument(
+        "--preset",
+        help=f"a published recipe, one of {list(PRESETS)}: its critic architecture, optimizer (on the demo's "
+        "learning-rate schedule) and slow-critic and loss options (default: none, the demo's own: symexp bins, "
+        "Adam, the reference's MLP)",
     )
     demo.add_argument(
         "--scales",
@@ -185,6 +192,7 @@ def _demo_config(args) -> DemoConfig:
         head=args.head,
         ensemble=args.ensemble,
         aggregation=args.aggregation,
+        preset=args.preset,
     )
     try:
         check_config(config, _FLAGS)

@@ -44,7 +44,8 @@ def _shape(x) -> Tuple:
 
 # Options added after configs were first saved, with the value older configs meant.
 _ADDED_OPTIONS = {"head": "two_hot", "hl_gauss_sigma": 0.75, "ensemble_size": 1, "aggregation": "mean",
-                  "aggregation_subset": 2}
+                  "aggregation_subset": 2, "norm": "layer", "norm_epsilon": 1e-3, "use_bias": False,
+                  "kernel_initializer": "glorot_uniform"}
 
 
 def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
@@ -127,6 +128,13 @@ class CriticNetwork(KerasTraining, keras.Model):
             drawn at random, as REDQ and TD-MPC2) or `"members"` (no
             reduction: each member keeps its own value).
         aggregation_subset: members drawn by `"min_of_random"` (2).
+        norm, norm_epsilon, use_bias: the MLP's normalisation (`"layer"`
+            with epsilon 1e-3, the reference; `"rms"`, epsilon 1e-4 in the
+            official 2024 code) and whether its Dense layers have a bias
+            (the official 2024 code's do); see `MLP`.
+        kernel_initializer: of the MLP's Dense kernels (glorot-uniform, the
+            reference; the official 2024 code's `trunc_normal_in` is
+            `VarianceScaling(1.0, "fan_in", "truncated_normal")`).
         **kwargs: passed to `keras.Model` (`name`, `dtype`, ...).
 
     Call arguments:
@@ -178,6 +186,10 @@ class CriticNetwork(KerasTraining, keras.Model):
         ensemble_size: int = 1,
         aggregation: str = "mean",
         aggregation_subset: int = 2,
+        norm: str = "layer",
+        norm_epsilon: float = 1e-3,
+        use_bias: bool = False,
+        kernel_initializer="glorot_uniform",
         **kwargs,
     ):
         moved = [k for k in TRAINING_OPTIONS if k in kwargs]
@@ -217,6 +229,10 @@ class CriticNetwork(KerasTraining, keras.Model):
         self.ensemble_size = int(ensemble_size)
         self.aggregation = aggregation
         self.aggregation_subset = int(aggregation_subset)
+        self.norm = norm
+        self.norm_epsilon = float(norm_epsilon)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
         members = None if self.ensemble_size == 1 else self.ensemble_size
 
         def mlp(name):
@@ -225,6 +241,10 @@ class CriticNetwork(KerasTraining, keras.Model):
                 num_dense_layers=self.num_dense_layers,
                 dense_hidden_units=self.dense_hidden_units,
                 members=members,
+                norm=norm,
+                norm_epsilon=norm_epsilon,
+                use_bias=use_bias,
+                kernel_initializer=self.kernel_initializer,
                 dtype=self.dtype_policy,
                 name=name,
             )
@@ -563,6 +583,10 @@ class CriticNetwork(KerasTraining, keras.Model):
                 "ensemble_size": self.ensemble_size,
                 "aggregation": self.aggregation,
                 "aggregation_subset": self.aggregation_subset,
+                "norm": self.norm,
+                "norm_epsilon": self.norm_epsilon,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             }
         )
         return config

@@ -65,3 +65,49 @@ def dream_loss_weights(continues, gamma: float = 0.997):
     if len(shape_of(continues)) < 1:
         raise ValueError(f"continues: got shape {list(shape_of(continues))}, expected time-major [H+1, ...].")
     return ops.cumprod(gamma * continues, axis=0) / gamma
+
+
+def replay_lambda_returns(rewards, is_last, is_terminal, boot, discount: float = 1.0 - 1.0 / 333, lambda_: float = 0.95):
+    """TD(lambda) returns along replayed trajectories, bootstrapped from imagined returns (DreamerV3 2024 `repval`).
+
+    `R_{T-1} = boot_{T-1}` and, for t = T-2 .. 0, with
+    `live = (1 - is_terminal_{t+1}) * discount` and `mix = (1 - is_last_{t+1}) * lambda`:
+    `R_t = r_{t+1} + (1 - mix) * live * boot_{t+1} + mix * live * R_{t+1}`.
+    `boot_t` is the imagined lambda-return of the imagined trajectory that
+    starts at replay step t: each replay return mixes it with the replayed
+    continuation, an episode boundary (`is_last`) bootstraps from it alone,
+    and a terminal step cuts the return.
+
+    Args:
+        rewards, is_last, is_terminal: `[T, ...]` time-major replayed rewards
+            and flags (0/1).
+        boot: `[T, ...]` imagined returns from each replay step.
+        discount: the replay discount (`1 - 1/333`, the official `horizon`).
+        lambda_: TD(lambda) mixing.
+
+    Returns:
+        float32 `[T-1, ...]`, the targets for replay steps 0 .. T-2.
+
+    Reference:
+        Hafner et al., the DreamerV3 code's `repl_loss` and `lambda_return`
+        (github.com/danijar/dreamerv3, 2024).
+    """
+    rewards, is_last, is_terminal, boot = (
+        ops.cast(ops.convert_to_tensor(x), "float32") for x in (rewards, is_last, is_terminal, boot)
+    )
+    check_same_shapes({"rewards": rewards, "is_last": is_last, "is_terminal": is_terminal, "boot": boot})
+    length = shape_of(boot)[0] if len(shape_of(boot)) else None
+    if length is None or length < 2:
+        raise ValueError(
+            f"rewards/is_last/is_terminal/boot: got shape {list(shape_of(boot))}, "
+            "expected time-major [T, ...] with a known T >= 2."
+        )
+    live = (1.0 - is_terminal[1:]) * discount
+    mix = (1.0 - is_last[1:]) * lambda_
+    partial = rewards[1:] + (1.0 - mix) * live * boot[1:]
+    ret = boot[-1]
+    out = []
+    for t in reversed(range(length - 1)):
+        ret = partial[t] + mix[t] * live[t] * ret
+        out.append(ret)
+    return ops.stack(out[::-1], axis=0)

@@ -52,8 +52,18 @@ def _member_shape(critic, var, member):
     return critic._member_shape(var) if member is not None else tuple(var.shape)
 
 
+def _check_architecture(critic):
+    """RLlib's critic: LayerNorm (epsilon 1e-3) and bias-free Dense layers."""
+    if (critic.norm, critic.norm_epsilon, critic.use_bias) != ("layer", 1e-3, False):
+        raise ValueError(
+            f"critic: got norm={critic.norm!r}, norm_epsilon={critic.norm_epsilon!r}, use_bias={critic.use_bias!r}; "
+            "RLlib's critic has norm='layer', norm_epsilon=0.001, use_bias=False."
+        )
+
+
 def _check_member(critic, member):
     """`member` must be None for a single critic, and an ensemble's member index otherwise."""
+    _check_architecture(critic)
     if critic.ensemble_size == 1:
         if member is not None:
             raise ValueError(f"member: got {member!r} for a single critic (ensemble_size=1), expected None.")

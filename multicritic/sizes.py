@@ -29,6 +29,25 @@ _KEYS = (
 
 MODEL_SIZES = tuple(_MODEL_DIMS)
 
+# The official 2024 code's sizes (danijar/dreamerv3 configs.yaml, `size1m` ... `size400m`): its critic input is
+# the RSSM's deter state and 32 categoricals of `classes`, its value MLP 3 layers of `units`.
+OFFICIAL_2024_SIZES = {
+    "1m": (512, 64, 3, 32, 4),
+    "12m": (2048, 256, 3, 32, 16),
+    "25m": (3072, 384, 3, 32, 24),
+    "50m": (4096, 512, 3, 32, 32),
+    "100m": (6144, 768, 3, 32, 48),
+    "200m": (8192, 1024, 3, 32, 64),
+    "400m": (12288, 1536, 3, 32, 96),
+}
+
+
+def official_2024_dims(size: str) -> Dict[str, int]:
+    """The critic dimensions of an official 2024 size (`"1m"` ... `"400m"`; `"200m"` is its default)."""
+    if size not in OFFICIAL_2024_SIZES:
+        raise ValueError(f"size: got {size!r}, expected one of {list(OFFICIAL_2024_SIZES)}.")
+    return dict(zip(_KEYS, OFFICIAL_2024_SIZES[size]))
+
 
 def get_model_dims(model_size: Optional[str], **overrides: Optional[int]) -> Dict[str, Optional[int]]:
     """Returns the network dimensions of a DreamerV3 model size.

@@ -23,7 +23,7 @@ import numpy as np
 from multicritic import integrity
 
 CONFIG_ATTR = "multicritic_config"
-IGNORED_CONFIG_KEYS = ("name", "dtype", "trainable")
+IGNORED_CONFIG_KEYS = ("name", "dtype", "trainable", "kernel_initializer")  # (the last: how new weights start)
 OPTIMIZER_GROUP = "optimizer"
 
 

@@ -66,7 +66,8 @@ def test_the_normalisers_follow_their_streams():
 def test_statistics_are_the_percentiles():
     norm = ReturnNormalizer()
     x = np.random.default_rng(0).normal(size=(40, 7)).astype("float32") * 5
-    low, high = to_np(norm.statistics(x))
+    stats = to_np(norm.statistics(x))
+    low, high = stats["return_low"], stats["return_high"]
     np.testing.assert_allclose([low, high], np.percentile(x, [5, 95]), rtol=1e-5)
     norm.update(low, high)
     np.testing.assert_allclose(to_np(norm.scale()), max(1.0, 0.01 * (high - low)), rtol=1e-6)

@@ -83,3 +83,23 @@ def test_dream_loss_weights():
 def test_bad_shapes(shapes, match):
     with pytest.raises(ValueError, match=match):
         lambda_returns(*(np.zeros(s, np.float32) for s in shapes))
+
+
+def test_replay_returns_match_a_numpy_transcription():
+    from multicritic import replay_lambda_returns
+
+    rng = np.random.default_rng(3)
+    t, b = 6, 4
+    rewards, boot = rng.normal(size=(t, b)), rng.normal(size=(t, b)) * 10
+    last = (rng.uniform(size=(t, b)) < 0.2).astype(float)
+    term = last * (rng.uniform(size=(t, b)) < 0.5)
+    want = np.zeros((t - 1, b))
+    ret = boot[-1]
+    for i in reversed(range(t - 1)):
+        live, mix = (1 - term[i + 1]) * 0.99, (1 - last[i + 1]) * 0.9
+        ret = rewards[i + 1] + (1 - mix) * live * boot[i + 1] + mix * live * ret
+        want[i] = ret
+    got = replay_lambda_returns(*(x.astype("float32") for x in (rewards, last, term, boot)), 0.99, 0.9)
+    np.testing.assert_allclose(to_np(got), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="expected time-major"):
+        replay_lambda_returns(rewards[:1], last[:1], term[:1], boot[:1])

@@ -42,6 +42,9 @@ BIN_SCHEMES = ("uniform_symlog", "symexp")
 # Copies of multicritic.heads.HEADS and multicritic.critic.AGGREGATIONS (same test).
 HEADS = ("two_hot", "hl_gauss", "mse")
 AGGREGATIONS = ("mean", "min", "min_of_random", "members")
+# A copy of multicritic.presets.PRESETS (same test).
+PRESETS = ("rllib-2023", "dreamerv3-2024")
+_PRESET_BINS = {"rllib-2023": "uniform_symlog", "dreamerv3-2024": "symexp"}
 MAX_ENSEMBLE = 64
 MIN_OF_RANDOM_SUBSET = 2  # the critic's default aggregation_subset
 # The critic's default value support: symexp(upper_bound=20).
@@ -59,7 +62,13 @@ class DemoConfig:
     are DreamerV3's.
 
     `bin_scheme=None` picks the head's default: "uniform_symlog" for
-    "hl_gauss" (the only scheme it supports), else "symexp"."""
+    "hl_gauss" (the only scheme it supports), else "symexp".
+
+    `preset` ("rllib-2023" or "dreamerv3-2024", see `multicritic.presets`)
+    takes the preset's critic architecture (bins, norm, biases,
+    initialisers; the layer count and width stay the demo size's), its
+    optimizer (Adam or LaProp + AGC, on the demo's learning-rate schedule)
+    and its slow-critic and loss options; gamma stays the MDP's."""
 
     size: str = "mini"
     steps: int = 1500
@@ -77,10 +86,11 @@ class DemoConfig:
     head: str = "two_hot"
     ensemble: int = 1
     aggregation: str = "mean"
+    preset: Optional[str] = None
 
     def __post_init__(self):
         if self.bin_scheme is None:
-            self.bin_scheme = default_bin_scheme(self.head)
+            self.bin_scheme = _PRESET_BINS.get(self.preset) or default_bin_scheme(self.head)
 
 
 def default_bin_scheme(head) -> str:
@@ -110,6 +120,14 @@ def check_config(config: DemoConfig, flags: Optional[dict] = None) -> None:
     def fail(field: str, got, expected: str):
         raise ValueError(f"{flags.get(field, field)}: got {got!r}, expected {expected}")
 
+    if config.preset is not None:
+        if config.preset not in PRESETS:
+            fail("preset", config.preset, f"one of {list(PRESETS)}")
+        if config.head != "two_hot":
+            fail("head", config.head, f"'two_hot' with {flags.get('preset', 'preset')} (the presets' head)")
+        if config.bin_scheme != _PRESET_BINS[config.preset]:
+            fail("bin_scheme", config.bin_scheme, f"{_PRESET_BINS[config.preset]!r} with "
+                 f"{flags.get('preset', 'preset')} {config.preset} (or none: the preset sets it)")
     if config.size not in MODEL_SIZES:
         fail("size", config.size, f"one of {list(MODEL_SIZES)}")
     if config.bin_scheme not in BIN_SCHEMES:

@@ -25,8 +25,12 @@ from typing import List, Optional, Sequence, Tuple
 import keras
 import numpy as np
 
+from multicritic import presets
 from multicritic.bins import inverse_symlog
 from multicritic.critic import CriticNetwork
+from multicritic.normalizer import ReturnNormalizer
+from multicritic.optimizers import LaProp
+from multicritic.returns import lambda_returns
 from multicritic.demo.config import DEFAULT_SCALES, DemoConfig, check_config, demo_mdp
 from multicritic.demo.mdp import MDP, encode_states
 from multicritic.sizes import get_model_dims
@@ -55,6 +59,9 @@ class ScaleResult:
     mean_member_spread: Optional[float] = None  # mean over states, in value units
     relative_member_spread: Optional[float] = None  # RMS spread / RMS exact value (comparable to relative_rmse)
     member_spreads: Optional[List[float]] = None  # per state
+    # With a preset: its return normaliser's scale after training, fed each step's lambda-returns
+    # (what an actor would divide its advantages by).
+    return_scale: Optional[float] = None
 
 
 def relative_rmse(learned: np.ndarray, true: np.ndarray) -> float:
@@ -109,22 +116,33 @@ def _learned_values(predict, critic: CriticNetwork, h, z, seed: int) -> Tuple[np
 def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True) -> ScaleResult:
     rng = np.random.default_rng(config.seed + 1)
     keras.utils.set_random_seed(config.seed)
+    architecture, trainer_options = {}, {}
+    if config.preset is not None:
+        options = presets.options(config.preset)
+        dims = ("model_size", "gru_units", "dense_hidden_units", "num_dense_layers", "num_z_categoricals",
+                "num_z_classes")
+        architecture = {k: v for k, v in options["critic"].items() if k not in dims}
+        trainer_options = {k: v for k, v in options["trainer"].items() if k not in ("optimizer", "gamma", "lambda_")}
     critic = CriticNetwork(
+        **{"bin_scheme": config.bin_scheme, **architecture},
         model_size=config.size,
-        bin_scheme=config.bin_scheme,
         head=config.head,
         ensemble_size=config.ensemble,
         aggregation=config.aggregation,
     )
     schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, config.steps, alpha=0.02)
+    if config.preset == "dreamerv3-2024":
+        optimizer = LaProp(schedule)
+    else:
+        optimizer = keras.optimizers.Adam(schedule, epsilon=1e-5)
     trainer = CriticTrainer(
         critic,
-        keras.optimizers.Adam(schedule, epsilon=1e-5),
-        gamma=config.gamma,
-        lambda_=config.lambda_,
-        seed=config.seed if config.aggregation == "min_of_random" else None,
+        optimizer,
+        **{"gamma": config.gamma, "lambda_": config.lambda_,
+           "seed": config.seed if config.aggregation == "min_of_random" else None, **trainer_options},
     )
     predict = predict_function(critic)
+    normalizer = None if config.preset is None else ReturnNormalizer(**presets.options(config.preset)["normalizer"])
     true = mdp.values()
     bar = keras.utils.Progbar(config.steps, stateful_metrics=["rel_rmse"], verbose=1 if progress else 0)
     result = ScaleResult(reward_scale=0.0, relative_rmse=float("nan"), steps=config.steps, seconds=0.0)
@@ -132,6 +150,13 @@ def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, 
     for step in range(1, config.steps + 1):
         states, rewards, continues = mdp.rollouts(rng, rng.integers(mdp.num_states, size=config.batch), config.horizon)
         trainer.train_on_dream(h[states], z[states], rewards, continues)
+        if normalizer is not None:
+            flat = states.reshape(-1)
+            values = predict(h[flat], z[flat])[0]
+            if critic.ensemble_size > 1:
+                values = keras.ops.mean(values, axis=0)
+            values = keras.ops.reshape(inverse_symlog(values), states.shape)
+            normalizer.update(lambda_returns(rewards, continues, values, config.gamma, config.lambda_))
         if step % config.eval_every == 0 or step == config.steps:
             error = relative_rmse(_learned_values(predict, critic, h, z, config.seed)[0], true)
             result.curve.append([step, error])
@@ -139,6 +164,8 @@ def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, 
     result.seconds = time.perf_counter() - start
     learned, members = _learned_values(predict, critic, h, z, config.seed)
     result.relative_rmse = relative_rmse(learned, true)
+    if normalizer is not None:
+        result.return_scale = float(_to_numpy(normalizer.scale()))
     result.true_values = true.tolist()
     result.learned_values = learned.tolist()
     if members is not None:
@@ -180,12 +207,18 @@ def summary_table(results: Sequence[ScaleResult]) -> str:
     """One row per reward scale; with an ensemble, also the members' relative spread and its
     Pearson / Spearman correlation with the absolute error across states (n/a with one member)."""
     ensemble = any(r.member_spread_error_pearson is not None for r in results)
+    scaled = any(r.return_scale is not None for r in results)
     head = f"{'reward scale':>12}  {'relative RMSE':>13}  {'steps':>6}  {'seconds':>8}"
+    if scaled:
+        head += f"  {'return scale S':>14}  {'S / reward scale':>16}"
     if ensemble:
         head += f"  {'rel. spread':>11}  {'spread~error r':>14}  {'Spearman':>8}"
     lines = [head]
     for r in results:
         line = f"{r.reward_scale:>12g}  {100 * r.relative_rmse:>12.2f}%  {r.steps:>6d}  {r.seconds:>8.1f}"
+        if scaled:
+            ratio = None if r.return_scale is None else r.return_scale / r.reward_scale
+            line += f"  {_fmt(r.return_scale, '.4g', 14)}  {_fmt(ratio, '.4g', 16)}"
         if ensemble:
             spread = None if r.relative_member_spread is None else 100 * r.relative_member_spread
             line += (f"  {_fmt(spread, '.2f', 11, '%')}"

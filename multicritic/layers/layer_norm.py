@@ -12,8 +12,11 @@ from keras import ops
 _SMALL = 2.0**-64
 
 
-def layer_norm(x, gamma, beta, epsilon):
+def layer_norm(x, gamma, beta, epsilon, center=True):
     """Layer normalisation over the last axis: `(x - mean) / sqrt(var + eps) * gamma + beta`.
+
+    `center=False`: RMS normalisation, `x / sqrt(mean(x^2) + eps) * gamma + beta`
+    (Zhang & Sennrich 2019; the official DreamerV3 2024 networks).
 
     The same math as `keras.ops.layer_normalization`, written out: Keras's
     computes the mean twice (`moments`), costing XLA two extra passes over the
@@ -26,8 +29,7 @@ def layer_norm(x, gamma, beta, epsilon):
     formula's bits.
     """
     x = ops.cast(x, "float32") if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16") else x
-    mean = ops.mean(x, axis=-1, keepdims=True)
-    centered = x - mean
+    centered = x - ops.mean(x, axis=-1, keepdims=True) if center else x
     variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
     # A sibling reduction, which XLA fuses into the same pass (a row maximum
     # computed first, to scale by, cost 4% of an XS train step). The inner
@@ -49,13 +51,16 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
     The variables and their names (`gamma`, `beta`) are Keras's; `call`
     computes `layer_norm` (same math, fused better by XLA, and rows whose
-    variance overflows float32 stay finite). With `members=K` the input is
+    variance overflows float32 stay finite). `rms=True` is RMS
+    normalisation (no centring, no `beta`; Keras's own `rms_scaling` is
+    deprecated and divides by the variance). With `members=K` the input is
     member-major `[K, ..., units]` and each member has its own `gamma` and `beta`, shaped
     `[K, units]`.
 
     Args:
         epsilon: added to the variance (1e-3 in DreamerV3).
         members: `None` for one normalisation, or the ensemble size `K`.
+        rms: RMS normalisation instead (`x / sqrt(mean(x^2) + eps) * gamma`).
         **kwargs: passed to `keras.layers.LayerNormalization` (`name`,
             `dtype`, initializers...); `axis` is always -1.
 
@@ -74,10 +79,13 @@ class LayerNormalization(keras.layers.LayerNormalization):
         Ba et al., "Layer Normalization", arXiv 1607.06450.
     """
 
-    def __init__(self, *, epsilon: float = 1e-3, members: Optional[int] = None, **kwargs):
+    def __init__(self, *, epsilon: float = 1e-3, members: Optional[int] = None, rms: bool = False, **kwargs):
         kwargs.pop("axis", None)
         kwargs.pop("rms_scaling", None)
+        if rms:
+            kwargs["center"] = False
         super().__init__(axis=-1, epsilon=epsilon, **kwargs)
+        self.rms = bool(rms)
         if members is not None and (isinstance(members, bool) or int(members) != members or members < 1):
             raise ValueError(f"members: got {members!r}, expected a positive integer or None.")
         self.members = None if members is None else int(members)
@@ -106,11 +114,15 @@ class LayerNormalization(keras.layers.LayerNormalization):
             middle = (1,) * (len(inputs.shape) - 2)
             gamma = ops.reshape(gamma, (self.members,) + middle + (-1,)) if self.gamma is not None else gamma
             beta = ops.reshape(beta, (self.members,) + middle + (-1,)) if self.beta is not None else beta
-        return ops.cast(layer_norm(inputs, gamma, beta, self.epsilon * input_scale**2), self.compute_dtype)
+        return ops.cast(
+            layer_norm(inputs, gamma, beta, self.epsilon * input_scale**2, center=not self.rms),
+            self.compute_dtype,
+        )
 
     def get_config(self):
         config = super().get_config()
         config.pop("axis", None)
         config.pop("rms_scaling", None)
         config["members"] = self.members
+        config["rms"] = self.rms
         return config

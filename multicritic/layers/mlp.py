@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Optional
 
 import keras
+import numpy as np
 from keras import ops
 
 from multicritic.layers.initializers import MemberwiseInitializer
 from multicritic.layers.layer_norm import LayerNormalization
 from multicritic.sizes import get_model_dims
+from multicritic.validation import number
 
 
 # The first Dense runs on its input times 2^-32, so its output cannot
@@ -17,8 +19,10 @@ from multicritic.sizes import get_model_dims
 # scales float32 and bfloat16 products exactly, and the LayerNorm after it
 # gives the same output with epsilon * 2^-64. A quantized first Dense
 # (whose input quantizer cannot take values that small) gets its input
-# clipped to +-2^96 instead. Not float16: its range is too narrow for either
+# clipped to +-2^96 instead, as is a first Dense with a bias (which the
+# input scale would not reach). Not float16: its range is too narrow for either
 # (see `_fit_float16`).
+NORMS = ("layer", "rms")
 _FIRST_INPUT_SCALE = 2.0**-32
 _INPUT_LIMIT = 2.0**96
 _FLOAT16_MAX = 65504.0
@@ -96,6 +100,12 @@ class MLP(keras.layers.Layer):
         kernel_initializer: initializer of the Dense kernels
             (default glorot-uniform, as the reference); per member.
         members: `None` (one MLP) or the ensemble size `K`.
+        norm: `"layer"` (LayerNorm with scale and centre, the reference) or
+            `"rms"` (RMSNorm with a scale, the official 2024 code).
+        norm_epsilon: the norm's epsilon (1e-3 in the reference, 1e-4 in
+            the official 2024 code).
+        use_bias: give the hidden Dense layers a bias (the official 2024
+            code does; the reference does not).
         **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
 
     Call arguments:
@@ -128,9 +138,17 @@ class MLP(keras.layers.Layer):
         output_layer_size: Optional[int] = None,
         kernel_initializer="glorot_uniform",
         members: Optional[int] = None,
+        norm: str = "layer",
+        norm_epsilon: float = 1e-3,
+        use_bias: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if norm not in NORMS:
+            raise ValueError(f"norm: got {norm!r}, expected one of {list(NORMS)}.")
+        norm_epsilon = number("norm_epsilon", norm_epsilon, low=0.0, low_open=True)
+        if not isinstance(use_bias, (bool, np.bool_)):
+            raise ValueError(f"use_bias: got {use_bias!r}, expected True or False.")
         dims = get_model_dims(
             model_size,
             num_dense_layers=num_dense_layers,
@@ -152,6 +170,9 @@ class MLP(keras.layers.Layer):
         self.output_layer_size = output_layer_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.members = None if members is None else int(members)
+        self.norm = norm
+        self.norm_epsilon = float(norm_epsilon)
+        self.use_bias = bool(use_bias)
         self._float16 = self.compute_dtype == "float16"
 
         self.dense_layers = [
@@ -159,6 +180,7 @@ class MLP(keras.layers.Layer):
                 self.dense_hidden_units,
                 members=self.members,
                 first=i == 0,
+                use_bias=self.use_bias,
                 kernel_initializer=self.kernel_initializer,
                 dtype=self.dtype_policy,
                 name=f"dense_{i}",
@@ -166,7 +188,8 @@ class MLP(keras.layers.Layer):
             for i in range(self.num_dense_layers)
         ]
         self.layer_normalizations = [
-            LayerNormalization(epsilon=1e-3, members=self.members, dtype=self.dtype_policy, name=f"layer_norm_{i}")
+            LayerNormalization(epsilon=self.norm_epsilon, members=self.members, rms=norm == "rms",
+                               dtype=self.dtype_policy, name=f"layer_norm_{i}")
             for i in range(self.num_dense_layers)
         ]
         self.output_layer = None
@@ -196,7 +219,8 @@ class MLP(keras.layers.Layer):
         scale = 1.0
         if self._float16:
             x = _fit_float16(inputs)
-        elif self.dense_layers and getattr(self.dense_layers[0], "quantization_mode", None) is None:
+        elif (self.dense_layers and not self.use_bias
+              and getattr(self.dense_layers[0], "quantization_mode", None) is None):
             scale = _FIRST_INPUT_SCALE
             x = inputs * scale
         else:
@@ -228,6 +252,9 @@ class MLP(keras.layers.Layer):
                 "output_layer_size": self.output_layer_size,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "members": self.members,
+                "norm": self.norm,
+                "norm_epsilon": self.norm_epsilon,
+                "use_bias": self.use_bias,
             }
         )
         return config

@@ -29,13 +29,14 @@ from multicritic.critic import CriticNetwork, upgrade_config
 FORMAT = "multicritic-trainer-checkpoint-2"
 LEGACY_FORMATS = ("multicritic-trainer-checkpoint-1",)
 # Keys of the critic config that are not part of what it computes.
-IGNORED_CRITIC_KEYS = ("name", "dtype", "trainable")
+IGNORED_CRITIC_KEYS = ("name", "dtype", "trainable", "kernel_initializer")  # (the last: how new weights start)
 # Trainer options that change the math of a step (the rest say how it runs).
 MATH_OPTIONS = ("gamma", "lambda_", "grad_clip", "ema_update_period", "ema_regularizer_weight", "ema_regularizer",
-                "ema_targets")
+                "ema_targets", "ema_update_first", "value_loss_weight", "replay_loss_weight", "replay_discount")
 # The values files written before an option existed meant.
 _OPTION_DEFAULTS = {"ema_update_period": 1, "ema_regularizer_weight": 1.0, "ema_regularizer": "two_hot_mean",
-                    "ema_targets": False}
+                    "ema_targets": False, "ema_update_first": False, "value_loss_weight": 1.0,
+                    "replay_loss_weight": 0.3, "replay_discount": 1.0 - 1.0 / 333}
 
 
 def _key(var, critic_name: str, optimizer_vars: set, steps) -> str:

@@ -21,7 +21,7 @@ from multicritic.bins import inverse_symlog
 from multicritic.critic import CriticNetwork
 from multicritic.multi_critic import MultiCritic
 from multicritic.losses import EMA_REGULARIZERS, critic_loss
-from multicritic.returns import dream_loss_weights, lambda_returns
+from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns
 from multicritic.training import checkpoint
 from multicritic.validation import as_float32, fmt, integer, number, real_values
 
@@ -99,6 +99,10 @@ class CriticTrainer:
         lambda_: TD(lambda) parameter.
         grad_clip: global-norm clip (100 in the reference); `None` for none.
         ema_update_period: update the EMA every this many optimizer steps.
+        ema_update_first: with a period above 1, update at the first step
+            of each period (steps 1, 1 + period, ...: the official code's
+            slow critic `every`) instead of its last (period, 2 * period,
+            ...: RLlib's).
         ema_regularizer_weight: weight of the slow-critic regulariser in the
             loss (1.0 in the reference).
         ema_regularizer: `"two_hot_mean"` (cross-entropy to the head's
@@ -129,7 +133,8 @@ class CriticTrainer:
     (mean |fast - EMA| value, symlog space), `nonfinite_targets`,
     `nonfinite_grads`, `invalid_inputs`, `step_skipped`; an ensemble adds
     `member_spread`, and a `MultiCritic` each stream's metrics as
-    `"stream/name"` (with its normaliser's `return_low` / `return_high`).
+    `"stream/name"` (with its normaliser's batch statistics, e.g.
+    `return_low` / `return_high`).
 
     Example:
         >>> trainer = CriticTrainer(CriticNetwork(model_size="nano"))
@@ -146,6 +151,7 @@ class CriticTrainer:
         lambda_: float = 0.95,
         grad_clip: Optional[float] = 100.0,
         ema_update_period: int = 1,
+        ema_update_first: bool = False,
         ema_regularizer_weight: float = 1.0,
         ema_regularizer: str = "two_hot_mean",
         ema_targets: bool = False,
@@ -155,6 +161,9 @@ class CriticTrainer:
         jit_compile: bool = False,
         check_finite: bool = True,
         step_counter: Optional[keras.Variable] = None,
+        value_loss_weight: float = 1.0,
+        replay_loss_weight: float = 0.3,
+        replay_discount: float = 1.0 - 1.0 / 333,
     ):
         if not isinstance(critic, (CriticNetwork, MultiCritic)):
             raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic.")
@@ -172,6 +181,9 @@ class CriticTrainer:
         epsilon = number("epsilon", epsilon, low=0.0, low_open=True)
         ema_update_period = integer("ema_update_period", ema_update_period)
         ema_regularizer_weight = number("ema_regularizer_weight", ema_regularizer_weight, low=0.0)
+        value_loss_weight = number("value_loss_weight", value_loss_weight, low=0.0)
+        replay_loss_weight = number("replay_loss_weight", replay_loss_weight, low=0.0)
+        replay_discount = number("replay_discount", replay_discount, low=0.0, high=1.0)
         if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
             raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
         for member in (critic.streams.values() if isinstance(critic, MultiCritic) else [critic]):
@@ -182,7 +194,8 @@ class CriticTrainer:
                 )
         if seed is not None:
             seed = integer("seed", seed, low=0)
-        for name, flag in (("jit_compile", jit_compile), ("check_finite", check_finite), ("ema_targets", ema_targets)):
+        for name, flag in (("jit_compile", jit_compile), ("check_finite", check_finite), ("ema_targets", ema_targets),
+                           ("ema_update_first", ema_update_first)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name}: got {flag!r}, expected True or False.")
         self.critic = critic
@@ -197,9 +210,13 @@ class CriticTrainer:
         self.lambda_ = float(lambda_)
         self.grad_clip = None if grad_clip is None else float(grad_clip)
         self.ema_update_period = int(ema_update_period)
+        self.ema_update_first = bool(ema_update_first)
         self.ema_regularizer_weight = float(ema_regularizer_weight)
         self.ema_regularizer = ema_regularizer
         self.ema_targets = bool(ema_targets)
+        self.value_loss_weight = float(value_loss_weight)
+        self.replay_loss_weight = float(replay_loss_weight)
+        self.replay_discount = float(replay_discount)
         self.seed = seed
         self.jit_compile = bool(jit_compile)
         self.check_finite = bool(check_finite)
@@ -256,9 +273,13 @@ class CriticTrainer:
             "lambda_": self.lambda_,
             "grad_clip": self.grad_clip,
             "ema_update_period": self.ema_update_period,
+            "ema_update_first": self.ema_update_first,
             "ema_regularizer_weight": self.ema_regularizer_weight,
             "ema_regularizer": self.ema_regularizer,
             "ema_targets": self.ema_targets,
+            "value_loss_weight": self.value_loss_weight,
+            "replay_loss_weight": self.replay_loss_weight,
+            "replay_discount": self.replay_discount,
             "seed": self.seed,
             "jit_compile": self.jit_compile,
             "check_finite": self.check_finite,
@@ -386,10 +407,12 @@ class CriticTrainer:
             ema = (steps_before_last(time_major(ema_value)), steps_before_last(time_major(ema_logits)))
         losses = self._critic_losses(critic, fast, ema, targets, weights)
         losses["value_target_mean"] = ops.mean(targets)
+        # The return from each start state ([B], an ensemble's [K, B]): what replay returns bootstrap from.
+        self._start_returns[stream] = ops.stop_gradient(targets[:, 0] if per_member else targets[0])
         if isinstance(self.critic, MultiCritic):
             # The stream's return statistics over the whole (data-parallel: gathered) batch.
-            low, high = self.critic.normalizers[stream].statistics(self._backend.all_gather(ops.stop_gradient(targets)))
-            losses["return_low"], losses["return_high"] = low, high
+            normalizer = self.critic.normalizers[stream]
+            losses.update(normalizer.statistics(self._backend.all_gather(ops.stop_gradient(targets))))
         return losses
 
     def _aggregate(self, stream, critic, values):
@@ -403,6 +426,7 @@ class CriticTrainer:
             return critic.aggregate(values, seed=generator)
 
     def _dream_loss(self, h, z, rewards, continues):
+        self._start_returns = {}
         horizon = h.shape[0]
         flat_h = ops.reshape(h, (-1, h.shape[-1]))
         flat_z = ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
@@ -421,6 +445,66 @@ class CriticTrainer:
         # outputs for any input), but they are no data to learn from.
         invalid = ops.sum(ops.cast(outside, "float32")) + _nonfinite(h) + _nonfinite(z)
         losses["invalid_inputs"] = losses["invalid_inputs"] + invalid
+        if self.value_loss_weight != 1.0:
+            total = total * self.value_loss_weight
+        return total, losses
+
+    def _replay_losses(self, critic, fast, ema, boot, rewards, is_last, is_terminal):
+        """One critic's replay value loss from its outputs on the flattened `[T * B]` replay states."""
+        value, logits = fast
+        members = critic.ensemble_size > 1
+        length = rewards.shape[0]
+
+        def time_major(x):
+            if members:
+                return ops.reshape(x, (x.shape[0], length, -1) + tuple(x.shape[2:]))
+            return ops.reshape(x, (length, -1) + tuple(x.shape[1:]))
+
+        def before_last(x):
+            return x[:, :-1] if members else x[:-1]
+
+        if members and critic.aggregation == "members":  # each member's own returns, [K, T, B] -> [T, B, K]
+            k = critic.ensemble_size
+            targets = replay_lambda_returns(
+                _repeat(rewards, k, -1), _repeat(is_last, k, -1), _repeat(is_terminal, k, -1),
+                ops.moveaxis(boot, 0, -1), self.replay_discount, self.lambda_,
+            )
+            targets = ops.moveaxis(targets, -1, 0)
+        else:
+            targets = replay_lambda_returns(rewards, is_last, is_terminal, boot, self.replay_discount, self.lambda_)
+        fast = (before_last(time_major(value)), before_last(time_major(logits)))
+        if ema is not None:
+            ema = (before_last(time_major(ema[0])), before_last(time_major(ema[1])))
+        losses = self._critic_losses(critic, fast, ema, targets, 1.0 - is_last[:-1])
+        losses["value_target_mean"] = ops.mean(targets)
+        return losses
+
+    def _dream_and_replay_loss(self, h, z, rewards, continues, replay_h, replay_z, replay_rewards, is_last, is_terminal):
+        total, losses = self._dream_loss(h, z, rewards, continues)
+        length = replay_h.shape[0]
+        flat_h = ops.reshape(replay_h, (-1, replay_h.shape[-1]))
+        flat_z = ops.reshape(replay_z, (-1,) + tuple(replay_z.shape[-2:]))
+        fast = self._outputs(flat_h, flat_z)
+        ema = self._outputs(flat_h, flat_z, use_ema=True) if self.ema_regularizer_weight > 0.0 else {}
+        replay_rewards = replay_rewards if isinstance(replay_rewards, dict) else {None: replay_rewards}
+        per_stream = {}
+        for stream, critic in self._critics().items():
+            # Dream start j = b * T + t is replay step (t, b): [..., B * T] -> [..., T, B].
+            start = self._start_returns[stream]
+            boot = ops.reshape(start, tuple(start.shape[:-1]) + (-1, length))
+            boot = ops.swapaxes(boot, -1, -2)
+            per_stream[stream] = self._replay_losses(
+                critic, fast[stream], ema.get(stream), boot, replay_rewards[stream], is_last, is_terminal
+            )
+        replay_total, replay = self._combine(per_stream)
+        flags = ops.concatenate([ops.reshape(is_last, (-1,)), ops.reshape(is_terminal, (-1,))])
+        invalid = ops.sum(ops.cast(ops.logical_not(ops.logical_or(flags == 0.0, flags == 1.0)), "float32"))
+        invalid = invalid + _nonfinite(replay_h) + _nonfinite(replay_z)
+        losses.update({f"repval/{k}": v for k, v in replay.items()})
+        losses["invalid_inputs"] = losses["invalid_inputs"] + replay["invalid_inputs"] + invalid
+        losses["nonfinite_targets"] = losses["nonfinite_targets"] + replay["nonfinite_targets"]
+        total = total + self.replay_loss_weight * replay_total
+        losses["total"] = total
         return total, losses
 
     def _loss_scale(self):
@@ -476,13 +560,14 @@ class CriticTrainer:
                 self.steps.assign(self.steps + 1)
             if isinstance(critic, MultiCritic):
                 for stream, normalizer in critic.normalizers.items():
-                    if f"{stream}/return_low" in metrics:
-                        normalizer.update(metrics[f"{stream}/return_low"], metrics[f"{stream}/return_high"])
+                    names = normalizer.statistic_names
+                    if names and all(f"{stream}/{n}" in metrics for n in names):
+                        normalizer.update_from({n: metrics[f"{stream}/{n}"] for n in names})
             for member in self._critics().values():
                 if period == 1:
                     member.update_ema()
                 else:
-                    due = ops.equal(self.steps % period, 0)
+                    due = ops.equal((self.steps - (1 if self.ema_update_first else 0)) % period, 0)
                     member.update_ema(decay=ops.where(due, member.ema_decay, 1.0))
 
         optimizer_state = list(critic.trainable_variables) + list(self.optimizer.variables)
@@ -497,18 +582,20 @@ class CriticTrainer:
     # ------------------------------------------------------------------
     # Input checks, outside the compiled step.
 
-    def _inputs(self, named, lead_rank):
-        """Converts to float32 and checks shapes, sizes and values before anything changes."""
+    def _inputs(self, named, lead_rank, prefix=""):
+        """Converts to float32 and checks shapes, sizes and values before anything changes (the states are
+        `prefix + "h"` and `prefix + "z"`)."""
         critic = self.critic
         arrays = {name: _as_float32(x, name) for name, x in named.items()}
-        h_shape = tuple(arrays["h"].shape)
+        h_name, z_name = prefix + "h", prefix + "z"
+        h_shape = tuple(arrays[h_name].shape)
         if len(h_shape) != lead_rank + 1:
-            axes = "[N, gru_units]" if lead_rank == 1 else "[H+1, B, gru_units]"
-            raise ValueError(f"h: got shape {fmt(h_shape)}, expected {axes} with gru_units={critic.gru_units}.")
+            axes = "[N, gru_units]" if lead_rank == 1 else "[H+1, B, gru_units]" if not prefix else "[T, B, gru_units]"
+            raise ValueError(f"{h_name}: got shape {fmt(h_shape)}, expected {axes} with gru_units={critic.gru_units}.")
         lead = h_shape[:lead_rank]
         want = {
-            "h": lead + (critic.gru_units,),
-            "z": lead + (critic.num_z_categoricals, critic.num_z_classes),
+            h_name: lead + (critic.gru_units,),
+            z_name: lead + (critic.num_z_categoricals, critic.num_z_classes),
         }
         for name in arrays:
             want.setdefault(name, lead)
@@ -516,7 +603,7 @@ class CriticTrainer:
             if tuple(x.shape) != want[name]:
                 raise ValueError(f"{name}: got shape {fmt(tuple(x.shape))}, expected {fmt(want[name])}.")
         if 0 in lead:
-            raise ValueError(f"h: got shape {fmt(h_shape)}, an empty batch; expected at least one row.")
+            raise ValueError(f"{h_name}: got shape {fmt(h_shape)}, an empty batch; expected at least one row.")
         host = {name: x for name, x in arrays.items() if isinstance(x, np.ndarray)}
         if self.check_finite:
             for name, x in host.items():
@@ -525,6 +612,9 @@ class CriticTrainer:
                         f"{name}: got {int((~np.isfinite(x)).sum())} non-finite value(s) in an array of shape "
                         f"{fmt(x.shape)}, expected finite values."
                     )
+        for flag in ("replay_is_last", "replay_is_terminal"):
+            if flag in host and not np.isin(host[flag], (0.0, 1.0)).all():
+                raise ValueError(f"{flag}: got values other than 0 and 1, expected flags.")
         if "continues" in host and not ((host["continues"] >= 0) & (host["continues"] <= 1)).all():
             x = host["continues"]
             raise ValueError(
@@ -538,7 +628,7 @@ class CriticTrainer:
             )
         return [x if keras.ops.is_tensor(x) else ops.convert_to_tensor(x) for x in arrays.values()]
 
-    def _run(self, kind, loss_fn, named, lead_rank, batch_axis):
+    def _run(self, kind, loss_fn, named, lead_rank, batch_axis, replay=None):
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(
                 "CriticTrainer: another thread is running a step, save or restore on this trainer; "
@@ -551,8 +641,21 @@ class CriticTrainer:
                     "to train it."
                 )
             batch = self._inputs(named, lead_rank)
-            if kind == "dream" and batch[0].shape[0] < 2:
+            if kind != "direct" and batch[0].shape[0] < 2:
                 raise ValueError(f"h: got shape {fmt(tuple(batch[0].shape))}, expected [H+1, B, ...] with H >= 1.")
+            if replay is not None:
+                replay_batch = self._inputs(replay, 2, prefix="replay_")
+                length, size = replay_batch[0].shape[0], replay_batch[0].shape[1]
+                if length < 2:
+                    raise ValueError(f"replay_h: got shape {fmt(tuple(replay_batch[0].shape))}, expected [T, B, ...] "
+                                     "with T >= 2.")
+                if batch[0].shape[1] != length * size:
+                    raise ValueError(
+                        f"h: got {batch[0].shape[1]} dreams for a replay batch of shape [T, B] = [{length}, {size}], "
+                        f"expected T * B = {length * size} (one dream from each replay step, dream b * T + t "
+                        "starting at replay step t of sequence b)."
+                    )
+                batch = batch + replay_batch
             fn = self._compiled.get(kind)
             if fn is None:
                 fn = self._compiled[kind] = self._backend.make_train_function(self._program(loss_fn), batch_axis)
@@ -608,6 +711,48 @@ class CriticTrainer:
             return self._dream_loss(h, z, self._streams_of(rest[:-1]), rest[-1])
 
         return self._run("dream", loss, named, 2, 1)
+
+    def train_on_dream_and_replay(
+        self, h, z, rewards, continues, replay_h, replay_z, replay_rewards, replay_is_last, replay_is_terminal
+    ) -> Dict[str, object]:
+        """One update from dreams and the replayed trajectories they start from, as the official 2024 agent.
+
+        The dream loss is `train_on_dream`'s (scaled by `value_loss_weight`);
+        the replay value loss (`repval`, scaled by `replay_loss_weight`)
+        trains the critic on the replayed states towards
+        `replay_lambda_returns`, bootstrapped from the dreams' returns: dream
+        `j = b * T + t` starts at replay step `t` of sequence `b`, and its
+        lambda-return from the start is that step's bootstrap. Steps with
+        `replay_is_last` get weight 0; the slow-critic regulariser applies to
+        both losses.
+
+        Args:
+            h, z, rewards, continues: as `train_on_dream`, with `B * T` dreams.
+            replay_h: `[T, B, gru_units]` replayed recurrent states.
+            replay_z: `[T, B, num_z_categoricals, num_z_classes]`.
+            replay_rewards: `[T, B]` (a `MultiCritic`: `{stream: [T, B]}`).
+            replay_is_last, replay_is_terminal: `[T, B]` flags (0 or 1).
+
+        Returns:
+            The metrics dict of `train_on_dream`, plus the replay loss's as
+            `"repval/..."`; `total` is the weighted sum.
+
+        Reference:
+            The DreamerV3 code's `repl_loss` (github.com/danijar/dreamerv3, 2024).
+        """
+        named = {"h": h, "z": z, **self._per_stream("rewards", rewards), "continues": continues}
+        replay = {"replay_h": replay_h, "replay_z": replay_z, **self._per_stream("replay_rewards", replay_rewards),
+                  "replay_is_last": replay_is_last, "replay_is_terminal": replay_is_terminal}
+        streams = 1 if not isinstance(self.critic, MultiCritic) else len(self.critic.stream_names)
+
+        def loss(h, z, *rest):
+            dream, replayed = rest[: streams + 1], rest[streams + 1 :]
+            return self._dream_and_replay_loss(
+                h, z, self._streams_of(dream[:-1]), dream[-1], replayed[0], replayed[1],
+                self._streams_of(replayed[2:-2]), replayed[-2], replayed[-1],
+            )
+
+        return self._run("dream_replay", loss, named, 2, 1, replay=replay)
 
     def _per_stream(self, name, value):
         """`{name: value}`, or for a `MultiCritic` `{"name/stream": value[stream]}` for every stream."""

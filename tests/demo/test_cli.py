@@ -95,6 +95,13 @@ def test_ensemble_demo_reports_spread_error_correlations(tmp_path, capsys):
         assert len(s["member_spreads"]) == len(s["true_values"]) == 48
 
 
+def test_dreamerv3_2024_preset_learns_every_scale():
+    config = DemoConfig(size="micro", steps=500, num_states=16, eval_every=100, preset="dreamerv3-2024")
+    results = run_demo(config, progress=False, log=lambda *_: None)
+    for r in results:
+        assert r.relative_rmse < 0.1, (r.reward_scale, r.relative_rmse)
+
+
 @pytest.mark.parametrize("aggregation", ["members", "min_of_random"])
 def test_other_aggregations_run(aggregation):
     config = DemoConfig(size="nano", steps=2, num_states=8, scales=(1.0,), eval_every=1, ensemble=2,

@@ -17,6 +17,22 @@ def test_keras_free_copies_match_the_real_lists():
     assert demo_config.BIN_SCHEMES == bins.BIN_SCHEMES
     assert demo_config.HEADS == tuple(heads.HEADS)
     assert demo_config.AGGREGATIONS == critic.AGGREGATIONS
+    from multicritic import presets
+
+    assert demo_config.PRESETS == presets.PRESETS
+    for name in presets.PRESETS:
+        assert demo_config._PRESET_BINS[name] == presets.options(name, None if name == "rllib-2023" else "1m")[
+            "critic"].get("bin_scheme", "uniform_symlog")
+
+
+def test_presets_are_checked():
+    assert DemoConfig(preset="rllib-2023").bin_scheme == "uniform_symlog"
+    assert DemoConfig(preset="dreamerv3-2024").bin_scheme == "symexp"
+    for bad, match in (({"preset": "dreamer"}, "preset: got 'dreamer'"),
+                       ({"preset": "rllib-2023", "head": "mse"}, "head: got 'mse'"),
+                       ({"preset": "rllib-2023", "bin_scheme": "symexp"}, "bin_scheme: got 'symexp'")):
+        with pytest.raises(ValueError, match=match):
+            check_config(DemoConfig(**bad))
 
 
 def test_value_limit_is_the_critics_default_support():

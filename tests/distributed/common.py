@@ -51,6 +51,8 @@ def make_critic(kind):
     return MultiCritic(
         {"task": {"model_size": "nano"}, "explore": {"model_size": "nano", "head": "hl_gauss", "ensemble_size": 3}},
         stream_weights={"explore": 0.5},
+        # The official normalisers, whose batch statistics must be the global batch's on every engine.
+        normalizers={"task": {"impl": "perc", "rate": 0.01, "debias": True}, "explore": {"impl": "meanstd"}},
     )
 
 

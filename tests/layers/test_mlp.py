@@ -107,3 +107,46 @@ def randomize_weights(mlp, seed=1):
     rng = np.random.default_rng(seed)
     for v in mlp.weights:
         v.assign(rng.normal(size=tuple(v.shape)).astype("float32"))
+
+
+def numpy_rms_mlp(mlp, x, eps):
+    """The official 2024 block: Dense with bias -> RMSNorm (scale only) -> SiLU, float64."""
+    for dense, norm in zip(mlp.dense_layers, mlp.layer_normalizations):
+        a = x @ to_np(dense.kernel).astype(np.float64) + to_np(dense.bias)
+        y = a / np.sqrt((a**2).mean(-1, keepdims=True) + eps) * to_np(norm.gamma)
+        x = y * sigmoid(y)
+    return x
+
+
+def test_rms_norm_with_biases_matches_numpy():
+    mlp = MLP(model_size=None, num_dense_layers=3, dense_hidden_units=12, norm="rms", norm_epsilon=1e-4, use_bias=True)
+    x = np.random.default_rng(0).normal(size=(7, 9)).astype("float32")
+    mlp.build(x.shape)
+    assert all(d.use_bias for d in mlp.dense_layers)
+    assert all(n.rms and n.beta is None and n.epsilon == 1e-4 for n in mlp.layer_normalizations)
+    rng = np.random.default_rng(1)
+    for v in mlp.weights:
+        v.assign(rng.normal(size=tuple(v.shape)).astype("float32"))
+    want = numpy_rms_mlp(mlp, x.astype(np.float64), 1e-4)
+    np.testing.assert_allclose(to_np(mlp(x)), want, rtol=2e-5, atol=2e-5)
+    # Huge inputs (clipped to +-2^96 for a first Dense with a bias) stay finite.
+    assert np.isfinite(to_np(mlp(np.full((2, 9), 3e38, "float32")))).all()
+    clone = MLP.from_config(mlp.get_config())
+    assert (clone.norm, clone.norm_epsilon, clone.use_bias) == ("rms", 1e-4, True)
+    with pytest.raises(ValueError, match="norm: got 'batch'"):
+        MLP(model_size="nano", norm="batch")
+    with pytest.raises(ValueError, match="norm_epsilon"):
+        MLP(model_size="nano", norm_epsilon=0.0)
+    with pytest.raises(ValueError, match="use_bias"):
+        MLP(model_size="nano", use_bias="yes")
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e20, 1e30])
+def test_rms_norm_of_huge_rows_is_finite_and_exact(scale):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(5, 16)) * scale).astype(np.float32)
+    gamma = rng.normal(size=16).astype(np.float32)
+    got = to_np(layer_norm(keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(gamma), 0.0, 1e-4, center=False))
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-4) * gamma
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
