@@ -35,7 +35,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.train_step import _inputs, _matmul_peak, run_per_backend, step_flops, time_side_by_side  # noqa: E402
+from benchmarks.train_step import _inputs, _matmul_peak, dispatch, step_flops, time_side_by_side  # noqa: E402
 
 BACKENDS = ("tensorflow", "torch", "jax")
 IMPLS = ("single", "ensemble", "loop", "native")
@@ -154,22 +154,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     native_kwargs = json.loads(args.native_kwargs)
 
-    if args.backend == "all":
-        child = ["--size", args.size, "--members", str(args.members), "--repeats", str(args.repeats),
-                 "--block-seconds", str(args.block_seconds), "--native-kwargs", args.native_kwargs,
-                 "--impls", *args.impls, "--batch", *map(str, args.batch)]
-        records = run_per_backend(__file__, child + (["--jit-compile"] if args.jit_compile else []))
-    else:
-        os.environ["KERAS_BACKEND"] = args.backend
-        records = run_backend(args.backend, args.size, args.batch, args.members, args.repeats, args.block_seconds,
-                              args.jit_compile, native_kwargs, args.impls)
-        if args.child:
-            print(json.dumps(records))
-            return
-    print(table(records))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+    child = ["--size", args.size, "--members", str(args.members), "--repeats", str(args.repeats),
+             "--block-seconds", str(args.block_seconds), "--native-kwargs", args.native_kwargs,
+             "--impls", *args.impls, "--batch", *map(str, args.batch)] + (["--jit-compile"] if args.jit_compile else [])
+    dispatch(__file__, args, child, lambda: run_backend(args.backend, args.size, args.batch, args.members, args.repeats,
+                                                         args.block_seconds, args.jit_compile, native_kwargs,
+                                                         args.impls), table)
 
 
 if __name__ == "__main__":

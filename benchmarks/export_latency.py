@@ -16,7 +16,6 @@ conversion of its outputs to numpy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.train_step import run_per_backend  # noqa: E402
+from benchmarks.train_step import dispatch  # noqa: E402
 
 
 def _block(fn, data, count):
@@ -103,20 +102,10 @@ def main(argv=None):
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.backend == "all":
-        child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-                 "--batch", *map(str, args.batch)]
-        records = run_per_backend(__file__, child)
-    else:
-        os.environ["KERAS_BACKEND"] = args.backend
-        records = run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds)
-        if args.child:
-            print(json.dumps(records))
-            return
-    print(table(records))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+    child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
+             "--batch", *map(str, args.batch)]
+    dispatch(__file__, args, child,
+             lambda: run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds), table)
 
 
 if __name__ == "__main__":

@@ -187,6 +187,24 @@ def run_per_backend(script, child_args):
     return records
 
 
+def dispatch(script, args, child_args, run_this_backend, table):
+    """The benchmarks' command line: `--backend all` runs `script` per installed backend with `child_args`;
+    one backend runs `run_this_backend()` here (a child prints its records as JSON). Prints the table and
+    writes `--json`."""
+    if args.backend == "all":
+        records = run_per_backend(script, child_args)
+    else:
+        os.environ["KERAS_BACKEND"] = args.backend
+        records = run_this_backend()
+        if args.child:
+            print(json.dumps(records))
+            return
+    print(table(records))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+
+
 def table(records):
     peaks = {r["backend"]: r["gflops"] for r in records if r["impl"] == "matmul_peak"}
     rows = {}
@@ -221,20 +239,10 @@ def main(argv=None):
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    if args.backend == "all":
-        child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-                 "--batch", *map(str, args.batch)] + (["--jit-compile"] if args.jit_compile else [])
-        records = run_per_backend(__file__, child)
-    else:
-        os.environ["KERAS_BACKEND"] = args.backend
-        records = run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds, args.jit_compile)
-        if args.child:
-            print(json.dumps(records))
-            return
-    print(table(records))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+    child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
+             "--batch", *map(str, args.batch)] + (["--jit-compile"] if args.jit_compile else [])
+    dispatch(__file__, args, child, lambda: run_backend(args.backend, args.size, args.batch, args.repeats,
+                                                         args.block_seconds, args.jit_compile), table)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ trainers). Keras compiles the step (`tf.function`, `jax.jit`, eager PyTorch or
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import keras
 from keras import ops

@@ -116,7 +116,7 @@ def _learned_values(predict, critic: CriticNetwork, h, z, seed: int) -> Tuple[np
 def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True) -> ScaleResult:
     rng = np.random.default_rng(config.seed + 1)
     keras.utils.set_random_seed(config.seed)
-    architecture, trainer_options = {}, {}
+    architecture, trainer_options, options = {}, {}, None
     if config.preset is not None:
         options = presets.options(config.preset)
         dims = ("model_size", "gru_units", "dense_hidden_units", "num_dense_layers", "num_z_categoricals",
@@ -142,7 +142,7 @@ def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, 
            "seed": config.seed if config.aggregation == "min_of_random" else None, **trainer_options},
     )
     predict = predict_function(critic)
-    normalizer = None if config.preset is None else ReturnNormalizer(**presets.options(config.preset)["normalizer"])
+    normalizer = None if options is None else ReturnNormalizer(**options["normalizer"])
     true = mdp.values()
     bar = keras.utils.Progbar(config.steps, stateful_metrics=["rel_rmse"], verbose=1 if progress else 0)
     result = ScaleResult(reward_scale=0.0, relative_rmse=float("nan"), steps=config.steps, seconds=0.0)

@@ -59,6 +59,19 @@ def _repeat(x, k, axis):
     return ops.repeat(ops.expand_dims(x, axis), k, axis=axis)
 
 
+def _time_major(x, length, members):
+    """Outputs on flattened states `[L * B, ...]` as `[L, B, ...]` (an ensemble's `[K, L * B, ...]` as
+    `[K, L, B, ...]`)."""
+    if members:
+        return ops.reshape(x, (x.shape[0], length, -1) + tuple(x.shape[2:]))
+    return ops.reshape(x, (length, -1) + tuple(x.shape[1:]))
+
+
+def _before_last(x, members):
+    """The steps before the last of a time-major `[L, ...]` (an ensemble's `[K, L, ...]`)."""
+    return x[:, :-1] if members else x[:-1]
+
+
 def global_norm(tensors):
     return ops.sqrt(sum(ops.sum(t * t) for t in tensors))
 
@@ -375,23 +388,18 @@ class CriticTrainer:
         return total, losses
 
     def _dream_losses(self, stream, critic, fast, ema, horizon, rewards, continues):
-        """One critic's dream loss from its outputs on the flattened `[(H+1) * B]` states."""
+        """One critic's dream loss from its outputs on the flattened `[(H+1) * B]` states, and the
+        lambda-return from each start state (`[B]`, per member `[K, B]`), which replay returns bootstrap from."""
         value, logits = fast
         ema_value, ema_logits = ema if ema is not None else (None, None)
         members = critic.ensemble_size > 1
         per_member = members and critic.aggregation == "members"
 
-        def time_major(x, has_members=members):
-            # [N, ...] -> [H+1, B, ...]; an ensemble's [K, N, ...] -> [K, H+1, B, ...].
-            if has_members:
-                return ops.reshape(x, (x.shape[0], horizon, -1) + tuple(x.shape[2:]))
-            return ops.reshape(x, (horizon, -1) + tuple(x.shape[1:]))
-
         def steps_before_last(x):
-            return x[:, :-1] if members else x[:-1]
+            return _before_last(_time_major(x, horizon, members), members)
 
         source = ops.stop_gradient(ema_value if self.ema_targets else value)
-        values_real = inverse_symlog(time_major(self._aggregate(stream, critic, source), per_member))
+        values_real = inverse_symlog(_time_major(self._aggregate(stream, critic, source), horizon, per_member))
         if per_member:  # [K, H+1, B]: each member bootstraps from its own values
             k = critic.ensemble_size
             values_real = ops.moveaxis(values_real, 0, -1)
@@ -402,18 +410,16 @@ class CriticTrainer:
         else:
             targets = lambda_returns(rewards, continues, values_real, self.gamma, self.lambda_)
         weights = dream_loss_weights(continues, self.gamma)[:-1]
-        fast = (steps_before_last(time_major(value)), steps_before_last(time_major(logits)))
+        fast = (steps_before_last(value), steps_before_last(logits))
         if ema is not None:
-            ema = (steps_before_last(time_major(ema_value)), steps_before_last(time_major(ema_logits)))
+            ema = (steps_before_last(ema_value), steps_before_last(ema_logits))
         losses = self._critic_losses(critic, fast, ema, targets, weights)
         losses["value_target_mean"] = ops.mean(targets)
-        # The return from each start state ([B], an ensemble's [K, B]): what replay returns bootstrap from.
-        self._start_returns[stream] = ops.stop_gradient(targets[:, 0] if per_member else targets[0])
         if isinstance(self.critic, MultiCritic):
             # The stream's return statistics over the whole (data-parallel: gathered) batch.
             normalizer = self.critic.normalizers[stream]
             losses.update(normalizer.statistics(self._backend.all_gather(ops.stop_gradient(targets))))
-        return losses
+        return losses, ops.stop_gradient(targets[:, 0] if per_member else targets[0])
 
     def _aggregate(self, stream, critic, values):
         """`critic.aggregate`, drawing "min_of_random" members from (seed, step count)."""
@@ -425,21 +431,25 @@ class CriticTrainer:
         with keras.StatelessScope(state_mapping=[(generator.state, state)]):
             return critic.aggregate(values, seed=generator)
 
-    def _dream_loss(self, h, z, rewards, continues):
-        self._start_returns = {}
-        horizon = h.shape[0]
+    def _flat_outputs(self, h, z, need_ema):
+        """Fast (and EMA: `{}` when not `need_ema`) outputs on time-major states `[L, B, ...]`, flattened."""
         flat_h = ops.reshape(h, (-1, h.shape[-1]))
         flat_z = ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
-        fast = self._outputs(flat_h, flat_z)
-        need_ema = self.ema_regularizer_weight > 0.0 or self.ema_targets
-        ema = self._outputs(flat_h, flat_z, use_ema=True) if need_ema else {}
+        return self._outputs(flat_h, flat_z), (self._outputs(flat_h, flat_z, use_ema=True) if need_ema else {})
+
+    def _dream_loss(self, h, z, rewards, continues):
+        return self._dream_parts(h, z, rewards, continues)[:2]
+
+    def _dream_parts(self, h, z, rewards, continues):
+        """`(total, metrics, {stream: start returns})` of a dream batch."""
+        horizon = h.shape[0]
+        fast, ema = self._flat_outputs(h, z, self.ema_regularizer_weight > 0.0 or self.ema_targets)
         rewards = rewards if isinstance(rewards, dict) else {None: rewards}
-        total, losses = self._combine(
-            {
-                s: self._dream_losses(s, c, fast[s], ema.get(s), horizon, rewards[s], continues)
-                for s, c in self._critics().items()
-            }
-        )
+        per_stream = {
+            s: self._dream_losses(s, c, fast[s], ema.get(s), horizon, rewards[s], continues)
+            for s, c in self._critics().items()
+        }
+        total, losses = self._combine({s: parts[0] for s, parts in per_stream.items()})
         outside = ops.logical_not(ops.logical_and(continues >= 0.0, continues <= 1.0))
         # Non-finite states: the critic's forward pass would clip them (finite
         # outputs for any input), but they are no data to learn from.
@@ -447,7 +457,7 @@ class CriticTrainer:
         losses["invalid_inputs"] = losses["invalid_inputs"] + invalid
         if self.value_loss_weight != 1.0:
             total = total * self.value_loss_weight
-        return total, losses
+        return total, losses, {s: parts[1] for s, parts in per_stream.items()}
 
     def _replay_losses(self, critic, fast, ema, boot, rewards, is_last, is_terminal):
         """One critic's replay value loss from its outputs on the flattened `[T * B]` replay states."""
@@ -455,13 +465,8 @@ class CriticTrainer:
         members = critic.ensemble_size > 1
         length = rewards.shape[0]
 
-        def time_major(x):
-            if members:
-                return ops.reshape(x, (x.shape[0], length, -1) + tuple(x.shape[2:]))
-            return ops.reshape(x, (length, -1) + tuple(x.shape[1:]))
-
         def before_last(x):
-            return x[:, :-1] if members else x[:-1]
+            return _before_last(_time_major(x, length, members), members)
 
         if members and critic.aggregation == "members":  # each member's own returns, [K, T, B] -> [T, B, K]
             k = critic.ensemble_size
@@ -472,25 +477,22 @@ class CriticTrainer:
             targets = ops.moveaxis(targets, -1, 0)
         else:
             targets = replay_lambda_returns(rewards, is_last, is_terminal, boot, self.replay_discount, self.lambda_)
-        fast = (before_last(time_major(value)), before_last(time_major(logits)))
+        fast = (before_last(value), before_last(logits))
         if ema is not None:
-            ema = (before_last(time_major(ema[0])), before_last(time_major(ema[1])))
+            ema = (before_last(ema[0]), before_last(ema[1]))
         losses = self._critic_losses(critic, fast, ema, targets, 1.0 - is_last[:-1])
         losses["value_target_mean"] = ops.mean(targets)
         return losses
 
     def _dream_and_replay_loss(self, h, z, rewards, continues, replay_h, replay_z, replay_rewards, is_last, is_terminal):
-        total, losses = self._dream_loss(h, z, rewards, continues)
+        total, losses, starts = self._dream_parts(h, z, rewards, continues)
         length = replay_h.shape[0]
-        flat_h = ops.reshape(replay_h, (-1, replay_h.shape[-1]))
-        flat_z = ops.reshape(replay_z, (-1,) + tuple(replay_z.shape[-2:]))
-        fast = self._outputs(flat_h, flat_z)
-        ema = self._outputs(flat_h, flat_z, use_ema=True) if self.ema_regularizer_weight > 0.0 else {}
+        fast, ema = self._flat_outputs(replay_h, replay_z, self.ema_regularizer_weight > 0.0)
         replay_rewards = replay_rewards if isinstance(replay_rewards, dict) else {None: replay_rewards}
         per_stream = {}
         for stream, critic in self._critics().items():
             # Dream start j = b * T + t is replay step (t, b): [..., B * T] -> [..., T, B].
-            start = self._start_returns[stream]
+            start = starts[stream]
             boot = ops.reshape(start, tuple(start.shape[:-1]) + (-1, length))
             boot = ops.swapaxes(boot, -1, -2)
             per_stream[stream] = self._replay_losses(
