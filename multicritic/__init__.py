@@ -7,7 +7,7 @@ from multicritic import backend_default
 
 backend_default.select()
 
-from multicritic.bins import inverse_symlog, symexp, symlog, two_hot  # noqa: E402
+from multicritic.bins import expected_value, inverse_symlog, symexp, symlog, two_hot  # noqa: E402
 from multicritic.critic import CriticNetwork  # noqa: E402
 from multicritic.heads import HLGaussHead, MSEHead, hl_gauss  # noqa: E402
 from multicritic.layers.layer_norm import LayerNormalization  # noqa: E402
@@ -17,9 +17,9 @@ from multicritic.losses import critic_loss  # noqa: E402
 from multicritic.multi_critic import MultiCritic  # noqa: E402
 from multicritic.normalizer import ReturnNormalizer  # noqa: E402
 from multicritic.optimizers import LaProp, LinearWarmup  # noqa: E402
-from multicritic import presets  # noqa: E402
+from multicritic import interop, presets  # noqa: E402
 from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns  # noqa: E402
-from multicritic.rllib import export_rllib_weights, load_rllib_weights  # noqa: E402
+from multicritic.interop.rllib import export_rllib_weights, load_rllib_weights  # noqa: E402
 from multicritic.sizes import get_model_dims  # noqa: E402
 from multicritic.training.trainer import CriticTrainer  # noqa: E402
 
@@ -38,9 +38,11 @@ __all__ = [
     "RewardPredictorLayer",
     "critic_loss",
     "dream_loss_weights",
+    "expected_value",
     "export_rllib_weights",
     "get_model_dims",
     "hl_gauss",
+    "interop",
     "inverse_symlog",
     "lambda_returns",
     "load_rllib_weights",

@@ -9,13 +9,16 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import heads, weights_file
+from multicritic import backend as backend_lib, heads, weights_file
 from multicritic.layers.mlp import MLP
 from multicritic.sizes import get_model_dims
 from multicritic.keras_training import KerasTraining
-from multicritic.validation import integer, number, real_tensor
+from multicritic.validation import compatible, integer, number, real_tensor
 
 AGGREGATIONS = ("mean", "min", "min_of_random", "members")
+# The order of the two parts of the state: RLlib, TorchRL and the official code concatenate h first;
+# sheeprl and NM512 put the flattened z first.
+INPUT_LAYOUTS = ("h_z", "z_h")
 # Options that moved to `CriticTrainer` (they say how the critic is trained).
 TRAINING_OPTIONS = ("ema_update_period", "ema_regularizer_weight", "ema_regularizer", "ema_targets")
 
@@ -42,10 +45,23 @@ def _shape(x) -> Tuple:
     return tuple(_dim(d) for d in x)
 
 
+def _relative_keys(variables, *prefixes) -> List[str]:
+    """Variable paths below the critic, with the sub-layer `prefix` renamed to `name` for each `(prefix, name)`."""
+    keys = []
+    for var in variables:
+        path = var.path.split("/", 1)[-1]
+        for prefix, name in prefixes:
+            if path.startswith(prefix + "/"):
+                path = name + path[len(prefix):]
+                break
+        keys.append(path)
+    return keys
+
+
 # Options added after configs were first saved, with the value older configs meant.
 _ADDED_OPTIONS = {"head": "two_hot", "hl_gauss_sigma": 0.75, "ensemble_size": 1, "aggregation": "mean",
                   "aggregation_subset": 2, "norm": "layer", "norm_epsilon": 1e-3, "use_bias": False,
-                  "kernel_initializer": "glorot_uniform"}
+                  "kernel_initializer": "glorot_uniform", "input_layout": "h_z"}
 
 
 def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
@@ -79,7 +95,7 @@ def check_ensemble_options(ensemble_size, aggregation, aggregation_subset):
 class CriticNetwork(KerasTraining, keras.Model):
     """The DreamerV3 critic: a distributional value network plus its EMA copy, optionally an ensemble.
 
-    The state `x = concat([h, flatten(z)])` goes through an `MLP` and a value
+    The state `x = concat([h, flatten(z)])` (or z first: `input_layout`) goes through an `MLP` and a value
     head (`head="two_hot"`: a `RewardPredictorLayer` with 255 buckets over
     symlog returns, zero-initialised; see `multicritic.heads` for the
     others). A second, structurally identical network (`mlp_ema`,
@@ -135,11 +151,16 @@ class CriticNetwork(KerasTraining, keras.Model):
         kernel_initializer: of the MLP's Dense kernels (glorot-uniform, the
             reference; the official 2024 code's `trunc_normal_in` is
             `VarianceScaling(1.0, "fan_in", "truncated_normal")`).
+        input_layout: the order of the MLP's input: `"h_z"`
+            (`concat([h, flatten(z)])`, RLlib, TorchRL and the official
+            code) or `"z_h"` (sheeprl, NM512); see `multicritic.interop`.
         **kwargs: passed to `keras.Model` (`name`, `dtype`, ...).
 
     Call arguments:
-        h: deterministic recurrent state `[B, gru_units]`.
+        h: deterministic recurrent state `[B, gru_units]` (or `[..., gru_units]`:
+            any leading dims, kept in the outputs).
         z: stochastic categorical state `[B, num_z_categoricals, num_z_classes]`.
+            `critic.on_latent(latent)` takes the two as one flat latent.
         use_ema: Python bool; run the EMA copy instead of the fast critic.
 
     Returns:
@@ -190,6 +211,7 @@ class CriticNetwork(KerasTraining, keras.Model):
         norm_epsilon: float = 1e-3,
         use_bias: bool = False,
         kernel_initializer="glorot_uniform",
+        input_layout: str = "h_z",
         **kwargs,
     ):
         moved = [k for k in TRAINING_OPTIONS if k in kwargs]
@@ -211,7 +233,10 @@ class CriticNetwork(KerasTraining, keras.Model):
         head_class.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
         number("ema_decay", ema_decay, low=0.0, high=1.0)
         check_ensemble_options(ensemble_size, aggregation, aggregation_subset)
+        if not isinstance(input_layout, str) or input_layout not in INPUT_LAYOUTS:
+            raise ValueError(f"input_layout: got {input_layout!r}, expected one of {list(INPUT_LAYOUTS)}.")
         kwargs.setdefault("name", "critic")
+        backend_lib.current()  # imported now, not first inside a host's torch.compile (a graph break)
         super().__init__(**kwargs)
         self.model_size = model_size
         self.num_buckets = int(num_buckets)
@@ -233,6 +258,7 @@ class CriticNetwork(KerasTraining, keras.Model):
         self.norm_epsilon = float(norm_epsilon)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.input_layout = input_layout
         members = None if self.ensemble_size == 1 else self.ensemble_size
 
         def mlp(name):
@@ -328,14 +354,101 @@ class CriticNetwork(KerasTraining, keras.Model):
         h, z = _pair(h, z)
         # Before Keras's own checks, which refuse lists and name no argument.
         dtype = self.compute_dtype
-        return super().__call__(real_tensor("h", h, dtype), real_tensor("z", z, dtype), *args, **kwargs)
+        h, z = real_tensor("h", h, dtype), real_tensor("z", z, dtype)
+        if len(h.shape) <= 2 or len(z.shape) <= 3:
+            return super().__call__(h, z, *args, **kwargs)
+        # Leading dims ([T, B, ...]): one flat batch through the network, then the host's shape back.
+        lead = _shape(h.shape)[:-1]
+        if len(z.shape) != len(h.shape) + 1 or not compatible(_shape(z.shape)[:-2], lead):
+            raise ValueError(
+                f"h, z: got shapes {list(_shape(h.shape))} and {list(_shape(z.shape))}; expected h [..., "
+                f"gru_units={self.gru_units}] and z [..., num_z_categoricals={self.num_z_categoricals}, "
+                f"num_z_classes={self.num_z_classes}] with the same leading dimensions."
+            )
+        self._check_inputs((None,) + _shape(h.shape)[-1:], (None,) + _shape(z.shape)[-2:])
+        flat = super().__call__(ops.reshape(h, (-1, h.shape[-1])), ops.reshape(z, (-1,) + tuple(z.shape[-2:])),
+                                *args, **kwargs)
+        return self._unflatten(flat, ops.shape(h)[:-1])
+
+    def _unflatten(self, outputs, lead):
+        """`(value [N] or [K, N], logits [..., N, U])` back to the leading dims `lead` of the inputs."""
+        value, logits = outputs
+        members = () if self.ensemble_size == 1 else (self.ensemble_size,)
+        return (ops.reshape(value, members + tuple(lead)),
+                ops.reshape(logits, members + tuple(lead) + (logits.shape[-1],)))
+
+    @property
+    def latent_size(self) -> Optional[int]:
+        """The width of one flat latent, `gru_units + num_z_categoricals * num_z_classes`."""
+        if None in (self.gru_units, self.num_z_categoricals, self.num_z_classes):
+            return None
+        return self.gru_units + self.num_z_categoricals * self.num_z_classes
+
+    def on_latent(self, latent, use_ema=False):
+        """The critic on one flat latent `[..., latent_size]`, as sheeprl, NM512, TorchRL and the official code
+        pass it: `h` then `flatten(z)` (`input_layout="h_z"`) or `flatten(z)` then `h` (`"z_h"`).
+
+        Any leading dims (`[T, B, D]`, `[D]`); returns `(value_symlog [...], logits [..., num_buckets])`
+        (an ensemble: `[K, ...]`, `[K, ..., num_buckets]`). On PyTorch it runs on the device of `latent`.
+        """
+        if not self.built:
+            raise ValueError("on_latent: the critic has no variables yet; call it once or give its input sizes first.")
+        latent = real_tensor("latent", latent, self.compute_dtype)
+        shape = _shape(latent.shape)
+        if len(shape) < 1 or shape[-1] not in (None, self.latent_size):
+            order = "h, flatten(z)" if self.input_layout == "h_z" else "flatten(z), h"
+            raise ValueError(
+                f"latent: got shape {list(shape)}, expected [..., {self.latent_size}] ({order}: gru_units="
+                f"{self.gru_units} + num_z_categoricals * num_z_classes = {self.num_z_categoricals} * "
+                f"{self.num_z_classes})."
+            )
+        with backend_lib.current().device_scope(latent):
+            x = ops.cast(ops.reshape(latent, (-1, self.latent_size)), self.compute_dtype)
+            return self._unflatten(self._forward(x, use_ema), ops.shape(latent)[:-1])
+
+    def decode(self, logits):
+        """The symlog-space value `[...]` of the head's output `[..., num_buckets]` (`expected_value` for the
+        bucket heads), e.g. of a target critic's logits."""
+        options = {"sigma": self.hl_gauss_sigma} if self.head == "hl_gauss" else {}
+        return heads.get(self.head).decode(logits, self.num_buckets, self.lower_bound, self.upper_bound,
+                                           self.bin_scheme, **options)
+
+    def fast_module(self, outputs: str = "logits"):
+        """A PyTorch `nn.Module` holding only the fast critic's parameters (the critic's own tensors).
+
+        For a host's optimizer and soft-update code: `fast_module()` and
+        `ema_module()` list their parameters in the same order under the same
+        names (`mlp_dense_0_kernel`, ..., Keras's `[in, out]` layout), and the
+        EMA view's do not require gradients. `forward(latent)` (or
+        `forward(h, z)`) returns the logits (`outputs="logits"`, as sheeprl's,
+        NM512's and TorchRL's critics), the symlog value (`"value"`) or both
+        (`"both"`). PyTorch backend only.
+        """
+        return backend_lib.current().module_view(self, use_ema=False, outputs=outputs)
+
+    def ema_module(self, outputs: str = "logits"):
+        """`fast_module`'s twin holding only the EMA (slow, target) critic's parameters."""
+        return backend_lib.current().module_view(self, use_ema=True, outputs=outputs)
+
+    def torch_module(self):
+        """The whole critic as one PyTorch `nn.Module` with the interface of RLlib's PyTorch `CriticNetwork`:
+        `forward(h, z=None, return_logits=False, use_ema=False)` (the symlog value, and the logits; `z=None`:
+        `h` is a flat latent), `init_ema()`, `update_ema()`; `fast` and `ema` views as submodules, so
+        `parameters()` lists the fast weights then the frozen EMA copy. PyTorch backend only."""
+        return backend_lib.current().module_view(self, use_ema=None, outputs="both")
+
+    def view_names(self) -> List[str]:
+        """The parameter names of `fast_module()` / `ema_module()`, in the order of `fast_weights`."""
+        return [key.replace("/", "_") for key in _relative_keys(self.fast_weights, ("mlp", "mlp"), ("return_layer", "head"))]
 
     def call(self, h, z=None, use_ema=False):
         h, z = _pair(h, z)
         h = ops.cast(h, self.compute_dtype)
         self._check_inputs(h.shape, z.shape)
         z = ops.reshape(ops.cast(z, h.dtype), (-1, self.num_z_categoricals * self.num_z_classes))
-        x = ops.concatenate([h, z], axis=-1)
+        return self._forward(ops.concatenate([h, z] if self.input_layout == "h_z" else [z, h], axis=-1), use_ema)
+
+    def _forward(self, x, use_ema):
         mlp, head = (self.mlp_ema, self.return_layer_ema) if use_ema else (self.mlp, self.return_layer)
         return head(mlp(x))
 
@@ -448,16 +561,9 @@ class CriticNetwork(KerasTraining, keras.Model):
         rather than pairing the wrong variables.
         """
 
-        def relative(var, prefixes):
-            path = var.path.split("/", 1)[-1]
-            for prefix, name in prefixes:
-                if path.startswith(prefix + "/"):
-                    return name + path[len(prefix):]
-            return path
-
         fast, ema = self.fast_weights, self.ema_weights
-        fast_keys = [relative(v, (("mlp", "mlp"), ("return_layer", "head"))) for v in fast]
-        ema_keys = [relative(v, (("mlp_ema", "mlp"), ("return_layer_ema", "head"))) for v in ema]
+        fast_keys = _relative_keys(fast, ("mlp", "mlp"), ("return_layer", "head"))
+        ema_keys = _relative_keys(ema, ("mlp_ema", "mlp"), ("return_layer_ema", "head"))
         for i in range(max(len(fast), len(ema))):
             f = fast_keys[i] if i < len(fast) else "<none>"
             e = ema_keys[i] if i < len(ema) else "<none>"
@@ -476,12 +582,39 @@ class CriticNetwork(KerasTraining, keras.Model):
             # A copy: the two must never share storage (JAX donates buffers).
             ema.assign(ops.copy(fast.value))
 
-    def update_ema(self, decay: Optional[float] = None) -> None:
-        """`ema <- d * ema + (1 - d) * fast` for every variable, through `Variable.assign`."""
+    def update_ema(self, decay: Optional[float] = None, *, tau: Optional[float] = None, step=None,
+                   period: int = 1) -> None:
+        """`ema <- d * ema + (1 - d) * fast` for every variable, through `Variable.assign`.
+
+        Args:
+            decay: `d` (default `ema_decay`; RLlib's convention).
+            tau: `1 - d` instead (sheeprl's `tau`, NM512's
+                `slow_target_fraction`, the official code's `rate`,
+                TorchRL's `SoftUpdate(tau=...)`); not both.
+            step: the host's update counter (an int or a scalar tensor).
+                With it, step 0 copies the fast weights (as sheeprl and the
+                official code do on first use) and a later step updates only
+                when `step % period == 0`.
+            period: the update period that `step` is checked against.
+        """
         if not self.built:
             raise ValueError("update_ema: the critic has no variables yet; call it once or build it first.")
+        if decay is not None and tau is not None:
+            raise ValueError(f"tau: got {tau!r} with decay={decay!r}; give one of them (tau = 1 - decay).")
+        if tau is not None:
+            decay = 1.0 - (tau if ops.is_tensor(tau) else number("tau", tau, low=0.0, high=1.0))
         if decay is not None and not ops.is_tensor(decay):
             decay = number("decay", decay, low=0.0, high=1.0)
+        if step is not None:
+            period = integer("period", period)
+            decay = self.ema_decay if decay is None else decay
+            if ops.is_tensor(step):
+                decay = ops.where(step == 0, 0.0, ops.where(step % period == 0, decay, 1.0))
+            else:
+                step = integer("step", step, low=0)
+                if step % period:
+                    return
+                decay = 0.0 if step == 0 else decay
         pairs = [(f, e) for f, e in self.ema_pairs("update_ema") if f.trainable or "float" in str(f.dtype)]
         fast_values = [ops.stop_gradient(f.value) for f, _ in pairs]
         for (_, var), value in zip(pairs, self.compute_ema(fast_values, [e.value for _, e in pairs], decay)):
@@ -587,6 +720,7 @@ class CriticNetwork(KerasTraining, keras.Model):
                 "norm_epsilon": self.norm_epsilon,
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "input_layout": self.input_layout,
             }
         )
         return config

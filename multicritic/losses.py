@@ -36,6 +36,12 @@ def _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, em
         raise ValueError(f"ema_logits: got shape {fmt(shape_of(ema_logits))}, expected {fmt(got)} (the shape of logits).")
 
 
+def _drop_trailing_one(x, logits_rank):
+    if x is None or len(x.shape) != logits_rank or x.shape[-1] != 1:
+        return x
+    return ops.squeeze(x, axis=-1)
+
+
 def critic_loss(
     logits,
     value_targets,
@@ -82,15 +88,19 @@ def critic_loss(
             `[..., 1]` for `head="mse"`).
         value_targets: `[...]` real-space (not symlog) return targets.
         ema_value_symlog: `[...]` the slow critic's expected value, in symlog
-            space (may be `None` with `ema_regularizer="distribution"`).
+            space; `None` to decode it from `ema_logits`, or with
+            `ema_regularizer="distribution"`.
         loss_weights: `[...]` per-position weights (dream loss weights).
+            Targets, `ema_value_symlog` and weights may carry a trailing 1
+            (`[..., 1]`, as sheeprl and NM512 keep them).
         num_buckets, lower_bound, upper_bound, bin_scheme: the bucket support
             (see `multicritic.bins`).
         ema_regularizer: `"two_hot_mean"` or `"distribution"`.
         ema_regularizer_weight: `rw`, the regulariser's weight (1.0 in the
             reference).
         ema_logits: `[..., num_buckets]` slow-critic logits, needed for
-            `"distribution"`.
+            `"distribution"`; with `"two_hot_mean"` and no
+            `ema_value_symlog`, their decoded value is the target.
         head: `"two_hot"` (the reference), `"hl_gauss"` or `"mse"`.
         hl_gauss_sigma: HL-Gauss standard deviation, in bucket widths.
 
@@ -113,16 +123,26 @@ def critic_loss(
             f"ema_regularizer: got {ema_regularizer!r} with head={head!r}, expected one of "
             f"{list(head_class.regularizers)}."
         )
-    if ema_regularizer == "two_hot_mean" and ema_value_symlog is None:
-        raise ValueError("ema_value_symlog: got None, expected [...] values with ema_regularizer='two_hot_mean'.")
+    if ema_regularizer == "two_hot_mean" and ema_value_symlog is None and ema_logits is None:
+        raise ValueError(
+            "ema_value_symlog: got None, expected [...] values (or the slow critic's ema_logits to decode) with "
+            "ema_regularizer='two_hot_mean'."
+        )
     if ema_regularizer == "distribution" and ema_logits is None:
         raise ValueError("ema_logits: got None, expected [..., num_buckets] logits with ema_regularizer='distribution'.")
     tensors = [logits, value_targets, ema_value_symlog, loss_weights, ema_logits]
     logits, value_targets, ema_value_symlog, loss_weights, ema_logits = (None if x is None else as_float32(x) for x in tensors)
     width = head_class.output_units(num_buckets)
+    # sheeprl and NM512 keep a trailing 1 on targets and weights ([T, N, 1] against logits [T, N, U]).
+    value_targets, ema_value_symlog, loss_weights = (
+        _drop_trailing_one(x, len(logits.shape)) for x in (value_targets, ema_value_symlog, loss_weights)
+    )
     _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, ema_logits, width)
     if ema_value_symlog is not None:
         check_same_shapes({"value_targets": value_targets, "ema_value_symlog": ema_value_symlog})
+    elif ema_regularizer == "two_hot_mean":
+        ema_value_symlog = head_class.decode(ema_logits, num_buckets, lower_bound, upper_bound, bin_scheme,
+                                             sigma=hl_gauss_sigma)
 
     value_targets = ops.stop_gradient(value_targets)
     loss_weights = ops.stop_gradient(loss_weights)

@@ -14,6 +14,7 @@ callables and variable lists, no trainer internals.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import importlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -132,6 +133,20 @@ class Backend(abc.ABC):
         """`Model.test_step` for Keras's `evaluate`: `evaluate(*batch)` (losses and metric updates, no
         gradients); returns the logs (stateless backends: `(logs, new_state)`)."""
         return evaluate(*batch)
+
+    def device_scope(self, x):
+        """A context in which the critic makes its tensors on the device of the host's tensor `x` (PyTorch);
+        nothing elsewhere (TensorFlow and JAX place ops by their inputs)."""
+        return contextlib.nullcontext()
+
+    def module_view(self, critic, use_ema: Optional[bool], outputs: str):
+        """A framework-native module holding one half of `critic` (`critic.fast_module()`), or with `use_ema=None`
+        both (`critic.torch_module()`): PyTorch only."""
+        raise ValueError(
+            f"fast_module / ema_module: torch.nn.Module views need KERAS_BACKEND=torch (this is {self.name}); "
+            "on JAX use the critic's stateless_call with trainable_variables / non_trainable_variables, on "
+            "TensorFlow the critic itself (a Keras model) and its fast_weights / ema_weights."
+        )
 
     @abc.abstractmethod
     def make_train_function(self, program: StepProgram, batch_axis: int) -> Callable[..., Metrics]:

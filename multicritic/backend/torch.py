@@ -10,14 +10,80 @@ clipped update and EMA step, so the weights stay identical everywhere.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from keras.src.backend.common import global_state
+from keras.src.backend.torch import core as keras_torch
 
 from multicritic.backend import Backend
+
+VIEW_OUTPUTS = ("logits", "value", "both")
+
+# Keras creates its call-context attribute in the first layer call. Made now, a host's `torch.compile` of that
+# first call does not guard on its absence (and recompile on the second call).
+global_state.set_global_attribute("current_call_ctx", global_state.get_global_attribute("current_call_ctx"))
 
 
 def _distributed() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class CriticModule(torch.nn.Module):
+    """One half of a critic (fast or EMA) as a `torch.nn.Module` holding the critic's own parameters.
+
+    The parameters are the Keras variables' tensors themselves (no copy):
+    a host's optimizer, `load_state_dict`, `.to(device)` and in-place soft
+    updates change the critic. The critic is not a submodule, so
+    `parameters()` lists this half only.
+    """
+
+    def __init__(self, critic, use_ema: bool, outputs: str):
+        super().__init__()
+        if outputs not in VIEW_OUTPUTS:
+            raise ValueError(f"outputs: got {outputs!r}, expected one of {list(VIEW_OUTPUTS)}.")
+        if not critic.built:
+            raise ValueError("critic: not built yet; call it once or give its input sizes first.")
+        self.__dict__["critic"] = critic
+        self.use_ema = bool(use_ema)
+        self.outputs = outputs
+        variables = critic.ema_weights if use_ema else critic.fast_weights
+        for name, var in zip(critic.view_names(), variables):
+            self.register_parameter(name, var.value)
+
+    def forward(self, latent, z=None):
+        if z is None:
+            value, logits = self.critic.on_latent(latent, use_ema=self.use_ema)
+        else:
+            with BACKEND.device_scope(latent):
+                value, logits = self.critic(latent, z, use_ema=self.use_ema)
+        return {"logits": logits, "value": value, "both": (value, logits)}[self.outputs]
+
+
+class CriticPairModule(torch.nn.Module):
+    """Both halves of a critic as one `torch.nn.Module`: `fast` and `ema` views, parameters fast first.
+
+    `forward(h, z=None, return_logits=False, use_ema=False)` and
+    `init_ema()` / `update_ema()` are those of RLlib's PyTorch
+    `CriticNetwork`, so it takes that critic's place in RLlib's learner.
+    """
+
+    def __init__(self, critic):
+        super().__init__()
+        self.fast = CriticModule(critic, False, "both")
+        self.ema = CriticModule(critic, True, "both")
+        self.__dict__["critic"] = critic
+
+    def forward(self, h, z=None, return_logits=False, use_ema=False):
+        value, logits = (self.ema if use_ema else self.fast)(h, z)
+        return (value, logits) if return_logits else value
+
+    def init_ema(self):
+        self.critic.init_ema()
+
+    def update_ema(self):
+        self.critic.update_ema()
 
 
 class TorchBackend(Backend):
@@ -28,6 +94,15 @@ class TorchBackend(Backend):
         if torch.compiler.is_compiling():
             return torch.tensor(list(values), dtype=torch.float32)
         return super().constant(values)
+
+    def device_scope(self, x):
+        want, have = getattr(x, "device", None), torch.device(keras_torch.get_device())
+        if want is None or (want.type == have.type and have.index in (None, want.index)):
+            return contextlib.nullcontext()
+        return keras_torch.device_scope(str(want))
+
+    def module_view(self, critic, use_ema, outputs):
+        return CriticPairModule(critic) if use_ema is None else CriticModule(critic, use_ema, outputs)
 
     def update_if(self, ok, update, variables):
         """Eager PyTorch reads the flag on the host: skipping costs nothing."""

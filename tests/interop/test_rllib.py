@@ -1,6 +1,5 @@
 """Parity with RLlib's own TensorFlow DreamerV3 code (goldens from tests/data/generate_rllib_goldens.py)."""
 
-import keras
 import numpy as np
 import pytest
 
@@ -15,7 +14,7 @@ from multicritic import (
     symlog,
     two_hot,
 )
-from multicritic.rllib import rllib_weight_names
+from multicritic.interop.rllib import rllib_weight_names
 from tests import rllib_golden as spec
 from tests.conftest import grads_of, to_np
 

@@ -1,0 +1,68 @@
+"""Weights in and out of NM512/dreamerv3-torch's critic (`ImagBehavior.value` and `_slow_value`).
+
+Checked against commit 6ef8646d807cd10ce0c88e10a7e943211e7fc44c
+(`tests/data/interop/nm512/`, written by running that code; NM512 is not on
+PyPI).
+
+Source layout: `networks.MLP(..., name="Value")`, whose `state_dict()` holds
+`layers.Value_linear{i}.weight` `[units, in]` (`nn.Linear(bias=False)`),
+`layers.Value_norm{i}.weight` / `.bias` (`nn.LayerNorm(eps=1e-3)`) and the
+head `mean_layer.weight` `[255, units]` / `mean_layer.bias` (zero-initialised,
+`outscale=0`). Linear weights are transposed to Keras kernels. Per layer:
+Linear -> LayerNorm -> SiLU (2 layers of the global `units`, 512, by
+default); hidden weights `tools.weight_init` (truncated normal, std
+`sqrt(1 / mean(fan_in, fan_out)) / 0.8796`), LayerNorm weight 1, bias 0. The feature is `get_feat(state) = cat([flatten(stoch), deter])`:
+z first, our `input_layout="z_h"`. `DiscDist`: 255 buckets
+`linspace(-20, 20)` in symlog space, `mean()` = `mode()` =
+`symexp(sum(probs * buckets))`: our `bin_scheme="uniform_symlog"`.
+
+The slow critic (`_slow_value`, a deepcopy at construction) is mixed with
+fraction 0.02 every `slow_target_update` (1) updates, BEFORE each update's
+loss, from the first one on: `critic.update_ema(tau=0.02)` before the step
+(`CriticTrainer(..., ema_update_first=True)`). The value loss is
+`mean(weights * (-log_prob(target) - log_prob(slow.mode())))`:
+`critic_loss(logits, target, None, weights, ema_logits=slow_logits)`.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional, Tuple
+
+from multicritic.interop import _common
+
+CRITIC_OPTIONS = dict(input_layout="z_h", **_common.ARCHITECTURE_2023)
+_BUILDER = "CriticNetwork(..., **multicritic.interop.nm512.CRITIC_OPTIONS)"
+
+
+def _key(kind: str, i: int, name: str = "Value") -> str:
+    return {
+        "kernel": f"layers.{name}_linear{i}.weight", "scale": f"layers.{name}_norm{i}.weight",
+        "offset": f"layers.{name}_norm{i}.bias", "head_kernel": "mean_layer.weight", "head_bias": "mean_layer.bias",
+    }[kind]
+
+
+def _layout(critic):
+    _common.check_options(critic, "NM512", CRITIC_OPTIONS, _BUILDER)
+    return _common.entries(critic, _key, transpose=True)
+
+
+def load_nm512(critic, value_state: Mapping, slow_value_state: Optional[Mapping] = None,
+               member: Optional[int] = None) -> None:
+    """Loads `ImagBehavior.value.state_dict()` (and `_slow_value.state_dict()`; without it the EMA copy
+    becomes the fast critic) into `critic`, all or nothing."""
+    _common.load(critic, _layout(critic), {"value_state": value_state, "slow_value_state": slow_value_state}, member)
+
+
+def export_nm512(critic, member: Optional[int] = None) -> Tuple[Dict[str, object], Dict[str, object]]:
+    """`(value_state, slow_value_state)`: numpy state dicts for `ImagBehavior.value` / `_slow_value`
+    (`load_state_dict` takes them after `torch.as_tensor`)."""
+    return _common.export(critic, _layout(critic), member)
+
+
+def nm512_critic(value_state: Mapping, slow_value_state: Optional[Mapping] = None, *, gru_units: int,
+                 num_z_categoricals: int, num_z_classes: int, **kwargs):
+    """A `CriticNetwork` of NM512's critic size, loaded (`gru_units` = `dyn_deter`, `num_z_categoricals` =
+    `dyn_stoch`, `num_z_classes` = `dyn_discrete`)."""
+    return _common.build(lambda critic: load_nm512(critic, value_state, slow_value_state), _key, True, value_state,
+                         gru_units=gru_units, num_z_categoricals=num_z_categoricals, num_z_classes=num_z_classes,
+                         options=CRITIC_OPTIONS, what="value_state", **kwargs)

@@ -1,0 +1,106 @@
+"""Weights in and out of TorchRL's DreamerV3 value model and its slow copy (torchrl 0.14.1).
+
+Checked against torchrl==0.14.1 (tensordict 0.14.3, torch 2.13.0): live in
+the `interop` nox session and through the goldens its code wrote
+(`tests/data/interop/torchrl_goldens.npz`).
+
+Source layout: the value model of TorchRL's DreamerV3
+(`TensorDictSequential(DreamerV3MLP(in_keys=["belief", "state"]), ...,
+SymExpTwoHot)`), whose `state_dict()` holds
+`module.0.module.model.{3i}.weight` `[units, in]` / `.bias` (Linear with
+bias), `module.0.module.model.{3i+1}.weight` (RMSNorm scale, epsilon 1e-4,
+no offset), SiLU at `{3i+2}`, the head `module.0.module.model.{3L}.weight`
+`[255, units]` / `.bias` (scaled by `outscale=0`), and the buffer
+`module.2.module.bins` (255 bins `symexp(linspace(-20, 20))`, checked
+against ours, not a weight). Linear weights are transposed to Keras kernels;
+hidden weights are fan-in truncated normals (as the official code). The
+input is `cat([belief, state])`: h first, our `input_layout="h_z"`.
+`DreamerV3ValueLoss(value_loss="two_hot", slow_critic_regularization=1.0)`'s
+state dict holds the same keys under `value_model_params.` and
+`target_value_model_params.`; either form loads.
+
+The slow copy: `SoftUpdate(loss, tau=0.02)` copies on construction, then
+`target.lerp_(source, tau)` after each optimizer step:
+`critic.update_ema(tau=0.02)` after the step.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from multicritic.bins import bucket_values
+from multicritic.interop import _common
+
+CRITIC_OPTIONS = dict(input_layout="h_z", **_common.ARCHITECTURE_2024, **_common.TRUNC_NORMAL_IN)
+_CHECKED = dict(input_layout="h_z", **_common.ARCHITECTURE_2024)
+_BUILDER = "CriticNetwork(..., **multicritic.interop.torchrl.CRITIC_OPTIONS)"
+_PREFIX = "module.0.module.model."
+BINS_KEY = "module.2.module.bins"
+_LOSS_PREFIXES = ("value_model_params.", "target_value_model_params.")
+# TorchRL's own keys start with "module.": only torch.compile's and Fabric's wrappers are taken off.
+_WRAPPERS = ("_orig_mod.", "_forward_module.")
+
+
+def _key(kind: str, i: int) -> str:
+    return _PREFIX + {
+        "kernel": f"{3 * i}.weight", "bias": f"{3 * i}.bias", "scale": f"{3 * i + 1}.weight",
+        "head_kernel": f"{3 * i}.weight", "head_bias": f"{3 * i}.bias",
+    }[kind]
+
+
+def _layout(critic):
+    _common.check_options(critic, "TorchRL", _CHECKED, _BUILDER)
+    return _common.entries(critic, _key, transpose=True)
+
+
+def _weights(critic, state, what):
+    """`state` without its bins buffer, after checking the bins are this critic's."""
+    state = _common.unwrap(state, _WRAPPERS)
+    if state is None or not isinstance(state, Mapping) or BINS_KEY not in state:
+        return state
+    bins = _common.host_array(state[BINS_KEY])
+    want = bucket_values(critic.num_buckets, critic.lower_bound, critic.upper_bound, critic.bin_scheme)
+    if bins.shape != want.shape or not np.allclose(bins, want, rtol=1e-6, atol=0.0):
+        raise ValueError(f"{what}: {BINS_KEY}: the bins differ from this critic's ({critic.num_buckets} "
+                         f"{critic.bin_scheme} bins over [{critic.lower_bound}, {critic.upper_bound}]).")
+    return {k: v for k, v in state.items() if k != BINS_KEY}
+
+
+def _split_loss_state(state):
+    """A `DreamerV3ValueLoss` state dict -> `(value_state, target_state)`; a value model's -> `(state, None)`."""
+    if not isinstance(state, Mapping) or not any(k.startswith(_LOSS_PREFIXES) for k in state):
+        return state, None
+    parts = [{k[len(p):]: v for k, v in state.items() if k.startswith(p)} for p in _LOSS_PREFIXES]
+    return parts[0], parts[1] or None
+
+
+def load_torchrl(critic, value_state: Mapping, target_value_state: Optional[Mapping] = None,
+                 member: Optional[int] = None) -> None:
+    """Loads the value model's `state_dict()` (and its slow copy's, or one `DreamerV3ValueLoss.state_dict()`
+    holding both; without a slow copy the EMA copy becomes the value model, as `SoftUpdate` does) into `critic`,
+    all or nothing."""
+    layout = _layout(critic)
+    if target_value_state is None:
+        value_state, target_value_state = _split_loss_state(value_state)
+    _common.load(critic, layout, {"value_state": _weights(critic, value_state, "value_state"),
+                                  "target_value_state": _weights(critic, target_value_state, "target_value_state")},
+                 member)
+
+
+def export_torchrl(critic, member: Optional[int] = None) -> Tuple[Dict[str, object], Dict[str, object]]:
+    """`(value_state, target_value_state)`: numpy state dicts of TorchRL's value model (bins included) and its
+    slow copy."""
+    bins = bucket_values(critic.num_buckets, critic.lower_bound, critic.upper_bound, critic.bin_scheme)
+    fast, slow = _common.export(critic, _layout(critic), member)
+    return {**fast, BINS_KEY: bins.copy()}, {**slow, BINS_KEY: bins.copy()}
+
+
+def torchrl_critic(value_state: Mapping, target_value_state: Optional[Mapping] = None, *, gru_units: int,
+                   num_z_categoricals: int, num_z_classes: int, **kwargs):
+    """A `CriticNetwork` of the value model's size, loaded (`gru_units`: the belief size)."""
+    fast = _split_loss_state(value_state)[0] if target_value_state is None else value_state
+    return _common.build(lambda critic: load_torchrl(critic, value_state, target_value_state), _key, True,
+                         _common.unwrap(fast, _WRAPPERS), gru_units=gru_units, num_z_categoricals=num_z_categoricals,
+                         num_z_classes=num_z_classes, options=CRITIC_OPTIONS, what="value_state", **kwargs)
