@@ -1,7 +1,8 @@
 """The critic train step written by hand in pure JAX + optax: the baseline multicritic must match.
 
 Parameters are a pytree of arrays, the whole step (fast and EMA forward,
-loss, grad, optax clip + Adam, EMA) is one `jax.jit` with donated state.
+loss, grad, optax clip, Adam with Keras's epsilon placement (the trainer's),
+EMA) is one `jax.jit` with donated state.
 """
 
 from __future__ import annotations
@@ -65,23 +66,41 @@ def loss_from(logits, ema_value, targets, weights):
     return (per * weights).mean()
 
 
-def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0):
+def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, initial=None):
+    """`step(h, z, targets, weights) -> metrics`; `initial`: `(params, ema)` pytrees to start from
+    (`step.read("fast" | "ema")` reads them back)."""
     params = init(np.random.default_rng(seed), in_dim, units, layers)
-    ema = jax.tree_util.tree_map(jnp.copy, params)
-    tx = optax.chain(optax.clip_by_global_norm(clip), optax.adam(lr, eps=eps))
-    state = [params, ema, tx.init(params)]
+    if initial is not None:
+        params = jax.tree_util.tree_map(jnp.asarray, initial[0])
+    ema = jax.tree_util.tree_map(jnp.copy, params if initial is None else initial[1])
+    def zeros():
+        return jax.tree_util.tree_map(jnp.zeros_like, params)
+
+    state = [params, ema, (zeros(), zeros(), jnp.zeros((), jnp.float32))]
 
     def loss_fn(params, ema, h, z, targets, weights):
         _, logits = forward(params, h, z)
         ema_value, _ = forward(ema, h, z)
         return loss_from(logits, jax.lax.stop_gradient(ema_value), targets, weights)
 
+    def adam(grads, opt_state, params):
+        # Keras's epsilon placement (`lr_t * m / (sqrt(v) + eps)`, as CriticTrainer's); optax.adam adds
+        # epsilon after the bias correction.
+        m, v, count = opt_state
+        count = count + 1.0
+        alpha = lr * jnp.sqrt(1.0 - 0.999**count) / (1.0 - 0.9**count)
+        m = jax.tree_util.tree_map(lambda m, g: m + (g - m) * 0.1, m, grads)
+        v = jax.tree_util.tree_map(lambda v, g: v + (g * g - v) * 0.001, v, grads)
+        params = jax.tree_util.tree_map(lambda p, m, v: p - alpha * m / (jnp.sqrt(v) + eps), params, m, v)
+        return params, (m, v, count)
+
     def _step(params, ema, opt_state, h, z, targets, weights):
         loss, grads = jax.value_and_grad(loss_fn)(params, ema, h, z, targets, weights)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        norm = optax.global_norm(grads)
+        grads, _ = optax.clip_by_global_norm(clip).update(grads, optax.EmptyState())
+        params, opt_state = adam(grads, opt_state, params)
         ema = jax.tree_util.tree_map(lambda e, p: decay * e + (1 - decay) * p, ema, params)
-        return params, ema, opt_state, {"total": loss, "grad_norm": optax.global_norm(grads)}
+        return params, ema, opt_state, {"total": loss, "grad_norm": norm}
 
     step_jit = jax.jit(_step, donate_argnums=(0, 1, 2))
 
@@ -89,4 +108,5 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
         state[0], state[1], state[2], metrics = step_jit(state[0], state[1], state[2], h, z, targets, weights)
         return metrics
 
+    step.read = lambda which: jax.tree_util.tree_map(np.asarray, state[0 if which == "fast" else 1])
     return step

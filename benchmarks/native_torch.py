@@ -1,8 +1,10 @@
 """The critic train step written by hand in plain PyTorch: the baseline multicritic must match.
 
 nn.Linear / nn.LayerNorm / SiLU modules, an EMA copy with requires_grad off,
-the two-hot cross-entropy by gathering two buckets, torch.optim.Adam
-(foreach), clip_grad_norm_ (foreach), EMA with _foreach ops; with
+the two-hot cross-entropy by gathering two buckets, clip_grad_norm_
+(foreach), Adam in foreach ops with Keras's epsilon placement (the
+trainer's; `torch.optim.Adam` places it after the bias correction), EMA
+with _foreach ops; with
 `jit_compile`, the update goes through torch.compile (PyTorch's "compiled
 optimizer" recipe). Same math as the reference critic step.
 """
@@ -50,12 +52,21 @@ def symlog(x):
     return torch.sign(x) * torch.log1p(x.abs())
 
 
-def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, jit_compile=False):
+def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, jit_compile=False, initial=None):
+    """`step(h, z, targets, weights) -> metrics`; `initial`: `(fast, ema)` state dicts to start from
+    (`step.read("fast" | "ema")` reads them back)."""
     critic = Critic(in_dim, units, layers)
     ema = copy.deepcopy(critic).requires_grad_(False)
+    if initial is not None:
+        for module, state in zip((critic, ema), initial):
+            module.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
     params = list(critic.parameters())
     ema_params = list(ema.parameters())
-    optimizer = torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+    # Adam with Keras's epsilon placement (`lr_t * m / (sqrt(v) + eps)`, as CriticTrainer's), in foreach ops:
+    # torch.optim.Adam adds epsilon after the bias correction.
+    moments = [torch.zeros_like(p) for p in params]
+    velocities = [torch.zeros_like(p) for p in params]
+    count = torch.zeros(())
 
     def step(h, z, targets, weights):
         _, logits = critic(h, z)
@@ -68,17 +79,34 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
         w = torch.stack([w_k, w_kp1, ew_k, ew_kp1], -1)
         per = -(logp.gather(-1, idx) * w).sum(-1)
         loss = (per * weights).mean()
-        optimizer.zero_grad(set_to_none=True)
+        for p in params:
+            p.grad = None
         loss.backward()
         return {"total": loss.detach(), "grad_norm": update()}
 
     def update():
         norm = nn.utils.clip_grad_norm_(params, clip, foreach=True)
-        optimizer.step()
+        grads = [p.grad for p in params]
         with torch.no_grad():
+            count.add_(1.0)
+            alpha = lr * torch.sqrt(1.0 - 0.999**count) / (1.0 - 0.9**count)
+            torch._foreach_lerp_(moments, grads, 0.1)
+            torch._foreach_mul_(velocities, 0.999)
+            torch._foreach_addcmul_(velocities, grads, grads, value=0.001)
+            denominators = torch._foreach_sqrt(velocities)
+            torch._foreach_add_(denominators, eps)
+            updates = torch._foreach_div(moments, denominators)
+            torch._foreach_mul_(updates, alpha)
+            torch._foreach_sub_(params, updates)
             torch._foreach_lerp_(ema_params, params, 1.0 - decay)
         return norm
 
     if jit_compile:  # PyTorch's "compiled optimizer" recipe
         update = torch.compile(update)
+
+    def read(which):
+        return {k: v.detach().numpy().copy() for k, v in (critic if which == "fast" else ema).state_dict().items()
+                if k != "buckets"}
+
+    step.read = read
     return step

@@ -10,6 +10,7 @@ import numpy as np
 from keras import ops
 
 from multicritic import backend as backend_lib, heads, weights_file
+from multicritic.layers.dispatch import call_layer
 from multicritic.layers.mlp import MLP
 from multicritic.sizes import get_model_dims
 from multicritic.keras_training import KerasTraining
@@ -450,7 +451,7 @@ class CriticNetwork(KerasTraining, keras.Model):
 
     def _forward(self, x, use_ema):
         mlp, head = (self.mlp_ema, self.return_layer_ema) if use_ema else (self.mlp, self.return_layer)
-        return head(mlp(x))
+        return call_layer(head, call_layer(mlp, x))
 
     def compute_output_shape(self, h_shape, z_shape, use_ema=False):
         lead = (h_shape[0],) if self.ensemble_size == 1 else (self.ensemble_size, h_shape[0])

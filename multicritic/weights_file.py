@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 import zipfile
-from typing import Dict, Tuple
+from typing import Dict
 
 import h5py
 import numpy as np

@@ -2,8 +2,6 @@
 
 import io
 import json
-import os
-import zipfile
 
 import h5py
 import numpy as np

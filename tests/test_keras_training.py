@@ -61,7 +61,7 @@ def test_fit_equals_trainer_and_numpy_reference(jit_compile):
     for i in range(5):
         part = slice(16 * i, 16 * (i + 1))
         trainer.train_step(h[part], z[part], targets[part], weights[part])
-        want = numpy_trainer.step(h[part], z[part], targets[part], weights[part])
+        numpy_trainer.step(h[part], z[part], targets[part], weights[part])
     assert_same_weights(a, b)
     for got, want_w in zip(ref.flatten(ref.params_from(a)), numpy_trainer.w):
         np.testing.assert_allclose(got, want_w, atol=2e-6)

@@ -10,7 +10,6 @@ every step) and the official optimizer (LaProp + AGC, lr 1e-3, no warm-up).
 
 import os
 
-import keras
 import numpy as np
 import pytest
 

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from multicritic.layers.dispatch import call_layer
 from multicritic.layers.initializers import MemberwiseInitializer
 from multicritic.layers.layer_norm import LayerNormalization
 from multicritic.sizes import get_model_dims
@@ -226,14 +227,14 @@ class MLP(keras.layers.Layer):
         else:
             x = ops.clip(inputs, -_INPUT_LIMIT, _INPUT_LIMIT)
         for i, (dense, norm) in enumerate(zip(self.dense_layers, self.layer_normalizations)):
-            x = dense(x)
+            x = call_layer(dense, x)
             if i == 0 and self.members is not None:
                 # Member-major from here on ([K, B, units]): batched matmuls
                 # without transposes, and the heads' outputs come out [K, B, ...].
                 x = ops.transpose(x, (1, 0, 2))
-            x = ops.silu(norm(x, input_scale=scale) if i == 0 and scale != 1.0 else norm(x))
+            x = ops.silu(call_layer(norm, x, input_scale=scale) if i == 0 and scale != 1.0 else call_layer(norm, x))
         if self.output_layer is not None:
-            x = self.output_layer(x)
+            x = call_layer(self.output_layer, x)
         return x
 
     def compute_output_shape(self, input_shape):
