@@ -22,7 +22,6 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
 import argparse  # noqa: E402
-import random  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -69,13 +68,11 @@ def run(use_multicritic: bool, overrides=()):
             weights["after"] = lambda: (_numpy(critic.module.state_dict()), _numpy(target_critic.state_dict()))
             return world_model, actor, critic, target_critic, player
         wm = cfg.algo.world_model
-        python_random = random.getstate()  # Keras seeds its initializers from Python's generator
         # The swap: sheeprl's weights in, then the two views in place of its critic and target critic.
         ours = sheeprl_critic(critic.module.state_dict(), target_critic.state_dict(),
                               gru_units=wm.recurrent_model.recurrent_state_size,
                               num_z_categoricals=wm.stochastic_size, num_z_classes=wm.discrete_size)
         critic, target_critic = setup_module(fabric, ours.fast_module()), setup_module(fabric, ours.ema_module())
-        random.setstate(python_random)
         weights["after"] = lambda: export_sheeprl(ours)
         return world_model, actor, critic, target_critic, player
 

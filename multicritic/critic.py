@@ -342,7 +342,7 @@ class CriticNetwork(KerasTraining, keras.Model):
         self._check_inputs(h_shape, z_shape)
         self.gru_units = int(h_shape[-1])
         self.num_z_categoricals, self.num_z_classes = int(z_shape[-2]), int(z_shape[-1])
-        in_shape = (None, self.gru_units + self.num_z_categoricals * self.num_z_classes)
+        in_shape = (None, self.latent_size)
         for mlp, head in ((self.mlp, self.return_layer), (self.mlp_ema, self.return_layer_ema)):
             mlp.build(in_shape)
             head.build(mlp.compute_output_shape(in_shape))

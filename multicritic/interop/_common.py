@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import keras
@@ -158,7 +159,7 @@ def export(critic, layout: List[Entry], member=None) -> Tuple[Dict[str, np.ndarr
 def build(load_fn, key: Callable[[str, int], str], transpose: bool, fast: Mapping, *, gru_units: int,
           num_z_categoricals: int, num_z_classes: int, options: Mapping, what: str, **kwargs):
     """A `CriticNetwork` sized from an upstream state (layers counted, width read from the first kernel) with
-    `options`, loaded through `load_fn(critic)`."""
+    `options`, loaded through `load_fn(critic)`; Python's `random` state is as it was before."""
     from multicritic.critic import CriticNetwork
 
     if not isinstance(fast, Mapping) or key("kernel", 0) not in fast:
@@ -173,8 +174,14 @@ def build(load_fn, key: Callable[[str, int], str], transpose: bool, fast: Mappin
             f"{what}: {key('kernel', 0)!r} or {key('head_bias', layers)!r} missing or not a matrix / vector."
         )
     units = first.shape[0] if transpose else first.shape[1]
-    critic = CriticNetwork(model_size=None, num_dense_layers=layers, dense_hidden_units=int(units),
-                           gru_units=gru_units, num_z_categoricals=num_z_categoricals, num_z_classes=num_z_classes,
-                           num_buckets=int(head.shape[0]), **options, **kwargs)
+    # Keras seeds unseeded initializers from Python's `random`; their draws are overwritten by the load, so the
+    # host's stream (a training loop's) is left as it was.
+    python_random = random.getstate()
+    try:
+        critic = CriticNetwork(model_size=None, num_dense_layers=layers, dense_hidden_units=int(units),
+                               gru_units=gru_units, num_z_categoricals=num_z_categoricals,
+                               num_z_classes=num_z_classes, num_buckets=int(head.shape[0]), **options, **kwargs)
+    finally:
+        random.setstate(python_random)
     load_fn(critic)
     return critic

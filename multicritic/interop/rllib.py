@@ -136,10 +136,11 @@ def _torch_key(kind: str, i: int) -> str:
     }[kind]
 
 
-def _ema_key(key: str) -> str:
-    for fast, ema in _EMA_PREFIXES:
-        if key.startswith(fast):
-            return ema + key[len(fast):]
+def _swap_prefix(key: str, pairs) -> str:
+    """`key` with the first matching `(old, new)` prefix of `pairs` replaced."""
+    for old, new in pairs:
+        if key.startswith(old):
+            return new + key[len(old):]
     return key
 
 
@@ -159,22 +160,16 @@ def load_rllib_torch(critic: CriticNetwork, state_dict: Mapping, member: Optiona
         raise ValueError(f"state_dict: got a {type(state_dict).__name__}, expected a mapping of names to arrays.")
     ema = tuple(e for _, e in _EMA_PREFIXES)
     fast = {k: v for k, v in state_dict.items() if not k.startswith(ema)}
-    slow = {_fast_key(k): v for k, v in state_dict.items() if k.startswith(ema)}
+    to_fast = [(e, f) for f, e in _EMA_PREFIXES]
+    slow = {_swap_prefix(k, to_fast): v for k, v in state_dict.items() if k.startswith(ema)}
     _common.load(critic, _torch_layout(critic), {"state_dict": fast, "state_dict (EMA copy)": slow or None}, member)
-
-
-def _fast_key(key: str) -> str:
-    for fast, ema in _EMA_PREFIXES:
-        if key.startswith(ema):
-            return fast + key[len(ema):]
-    return key
 
 
 def export_rllib_torch(critic: CriticNetwork, member: Optional[int] = None) -> Dict[str, np.ndarray]:
     """The critic as RLlib's PyTorch `CriticNetwork.state_dict()` (numpy arrays; `load_state_dict` takes them
     after `torch.as_tensor`)."""
     fast, slow = _common.export(critic, _torch_layout(critic), member)
-    return {**fast, **{_ema_key(k): v for k, v in slow.items()}}
+    return {**fast, **{_swap_prefix(k, _EMA_PREFIXES): v for k, v in slow.items()}}
 
 
 def rllib_torch_critic(state_dict: Mapping, *, gru_units: int, num_z_categoricals: int, num_z_classes: int,

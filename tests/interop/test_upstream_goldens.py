@@ -6,6 +6,8 @@
 session also rebuilds them live (`test_upstream_live.py`).
 """
 
+import random
+
 import numpy as np
 import pytest
 
@@ -120,6 +122,15 @@ def test_wrapped_and_loss_module_keys_load(case):
         torchrl.load_torchrl(third, loss_state)
         for got, want in zip(codebase.exported(third), states):
             check_round_trip(got, want)
+
+
+def test_builders_leave_the_hosts_python_random_stream_alone(case):
+    # Keras seeds unseeded initializers from Python's `random`: a builder must not shift a host's stream.
+    codebase, golden = case
+    random.seed(5)
+    state = random.getstate()
+    codebase.build(*codebase.states(golden), **SIZES)
+    assert random.getstate() == state
 
 
 def test_torchrl_bins_are_checked():

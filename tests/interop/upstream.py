@@ -476,7 +476,6 @@ def rllib_learner_updates(swap_in_multicritic: bool, steps: int = 2):
     ``critic.parameters()``, dreamerv3_torch_learner.py:84); the learner, its losses, clipping and
     ``update_ema`` (dreamerv3_learner.py:31) run unchanged.
     """
-    import random
 
     import gymnasium as gym
     import torch
@@ -492,10 +491,8 @@ def rllib_learner_updates(swap_in_multicritic: bool, steps: int = 2):
     def multicritic_critic(**kwargs):
         theirs = rllib_critic(**kwargs)
         dims = get_model_dims(kwargs["model_size"])
-        python_random = random.getstate()  # Keras seeds initializers from Python's generator
         ours = rllib_torch_critic(theirs.state_dict(), gru_units=dims["gru_units"],
                                   num_z_categoricals=dims["num_z_categoricals"], num_z_classes=dims["num_z_classes"])
-        random.setstate(python_random)
         return rllib_torch_module(ours)
 
     if swap_in_multicritic:
