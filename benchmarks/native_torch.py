@@ -55,18 +55,19 @@ def symlog(x):
 def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, jit_compile=False, initial=None):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(fast, ema)` state dicts to start from
     (`step.read("fast" | "ema")` reads them back)."""
-    critic = Critic(in_dim, units, layers)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where Keras puts multicritic's variables
+    critic = Critic(in_dim, units, layers).to(device)
     ema = copy.deepcopy(critic).requires_grad_(False)
     if initial is not None:
         for module, state in zip((critic, ema), initial):
-            module.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
+            module.load_state_dict({k: torch.as_tensor(v, device=device) for k, v in state.items()}, strict=False)
     params = list(critic.parameters())
     ema_params = list(ema.parameters())
     # Adam with Keras's epsilon placement (`lr_t * m / (sqrt(v) + eps)`, as CriticTrainer's), in foreach ops:
     # torch.optim.Adam adds epsilon after the bias correction.
     moments = [torch.zeros_like(p) for p in params]
     velocities = [torch.zeros_like(p) for p in params]
-    count = torch.zeros(())
+    count = torch.zeros((), device=device)
 
     def step(h, z, targets, weights):
         _, logits = critic(h, z)
@@ -105,7 +106,7 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
         update = torch.compile(update)
 
     def read(which):
-        return {k: v.detach().numpy().copy() for k, v in (critic if which == "fast" else ema).state_dict().items()
+        return {k: v.detach().cpu().numpy().copy() for k, v in (critic if which == "fast" else ema).state_dict().items()
                 if k != "buckets"}
 
     step.read = read

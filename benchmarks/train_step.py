@@ -6,6 +6,7 @@ and each batch size: warm both up, then alternate timed blocks of each
 matmul peak in the same process and the step's FLOP utilisation.
 
     python benchmarks/train_step.py --backend all --size XS --batch 256 4096 15360 --json out.json
+    python benchmarks/train_step.py --backend all --sweep --json sweep.json   # batch 64..16384, nano..L
 
 The step: fast + EMA forward, two-hot critic loss (EMA regulariser), backward,
 global-norm clip (100), Adam (lr 3e-5, eps 1e-5), EMA update. Both
@@ -67,8 +68,10 @@ def _matmul_peak(backend, trials=5):
         elif backend == "torch":
             import torch
 
-            a, b = torch.from_numpy(a), torch.from_numpy(b)
-            run = lambda: torch.mm(a, b)  # noqa: E731
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            a, b = torch.from_numpy(a).to(device), torch.from_numpy(b).to(device)
+            sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+            run = lambda: (torch.mm(a, b), sync())  # noqa: E731
         else:
             import tensorflow as tf
 
@@ -127,19 +130,31 @@ def time_side_by_side(backend, impls, data, repeats, block_seconds):
             times[name].append(_time_block(backend, impls[name], data, count))
     return times, count
 
-def run_backend(backend, size, batches, repeats, block_seconds, jit_compile):
+# `--sweep`: step time against the batch (at XS) and against the model size (at batch 1024).
+SWEEP_BATCHES = (64, 256, 1024, 4096, 16384)
+SWEEP_SIZES = ("nano", "mini", "XS", "S", "M", "L")
+
+
+def cases(sizes, batches, sweep):
+    """The (size, batch) pairs to time: every size with every batch, or the sweep's."""
+    if sweep:
+        return [("XS", b) for b in SWEEP_BATCHES] + [(s, 1024) for s in SWEEP_SIZES if s != "XS"]
+    return [(s, b) for s in sizes for b in batches]
+
+
+def run_backend(backend, pairs, repeats, block_seconds, jit_compile):
     import keras
 
     from multicritic import CriticNetwork, CriticTrainer, get_model_dims
 
-    dims = get_model_dims(size)
-    gru, units, layers = dims["gru_units"], dims["dense_hidden_units"], dims["num_dense_layers"]
-    cats, classes = dims["num_z_categoricals"], dims["num_z_classes"]
-    in_dim = gru + cats * classes
     native = __import__(f"benchmarks.native_{backend}", fromlist=["make_step"])
     peak = _matmul_peak(backend)
     records = [{"backend": backend, "impl": "matmul_peak", "gflops": peak}]
-    for batch in batches:
+    for size, batch in pairs:
+        dims = get_model_dims(size)
+        gru, units, layers = dims["gru_units"], dims["dense_hidden_units"], dims["num_dense_layers"]
+        cats, classes = dims["num_z_categoricals"], dims["num_z_classes"]
+        in_dim = gru + cats * classes
         data = _inputs(backend, batch, gru, cats, classes, seed=batch)
         keras.utils.set_random_seed(0)
         ours = CriticTrainer(CriticNetwork(model_size=size), jit_compile=jit_compile).train_step
@@ -229,8 +244,10 @@ def table(records):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "all"), help=f"one of {BACKENDS} or all")
-    parser.add_argument("--size", default="XS")
+    parser.add_argument("--size", nargs="+", default=["XS"])
     parser.add_argument("--batch", type=int, nargs="+", default=[256, 4096, 15360])
+    parser.add_argument("--sweep", action="store_true",
+                        help=f"batches {SWEEP_BATCHES} at XS and sizes {SWEEP_SIZES} at batch 1024 instead")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block-seconds", type=float, default=1.0, help="length of one timed block")
     parser.add_argument(
@@ -240,10 +257,12 @@ def main(argv=None):
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
+    child = ["--size", *args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
              "--batch", *map(str, args.batch)] + (["--jit-compile"] if args.jit_compile else [])
-    dispatch(__file__, args, child, lambda: run_backend(args.backend, args.size, args.batch, args.repeats,
-                                                         args.block_seconds, args.jit_compile), table)
+    child += ["--sweep"] if args.sweep else []
+    pairs = cases(args.size, args.batch, args.sweep)
+    dispatch(__file__, args, child, lambda: run_backend(args.backend, pairs, args.repeats, args.block_seconds,
+                                                         args.jit_compile), table)
 
 
 if __name__ == "__main__":

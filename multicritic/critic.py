@@ -447,7 +447,8 @@ class CriticNetwork(KerasTraining, keras.Model):
         h = ops.cast(h, self.compute_dtype)
         self._check_inputs(h.shape, z.shape)
         z = ops.reshape(ops.cast(z, h.dtype), (-1, self.num_z_categoricals * self.num_z_classes))
-        return self._forward(ops.concatenate([h, z] if self.input_layout == "h_z" else [z, h], axis=-1), use_ema)
+        # The parts in the latent's order, not concatenated: the first Dense takes each by its rows.
+        return self._forward([h, z] if self.input_layout == "h_z" else [z, h], use_ema)
 
     def _forward(self, x, use_ema):
         mlp, head = (self.mlp_ema, self.return_layer_ema) if use_ema else (self.mlp, self.return_layer)
@@ -617,9 +618,8 @@ class CriticNetwork(KerasTraining, keras.Model):
                     return
                 decay = 0.0 if step == 0 else decay
         pairs = [(f, e) for f, e in self.ema_pairs("update_ema") if f.trainable or "float" in str(f.dtype)]
-        fast_values = [ops.stop_gradient(f.value) for f, _ in pairs]
-        for (_, var), value in zip(pairs, self.compute_ema(fast_values, [e.value for _, e in pairs], decay)):
-            var.assign(value)
+        backend_lib.current().blend([e for _, e in pairs], [ops.stop_gradient(f.value) for f, _ in pairs],
+                                    self.ema_decay if decay is None else decay)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
         """Keras's `save_weights` (`.weights.h5`), plus this critic's config and a SHA-256 seal.

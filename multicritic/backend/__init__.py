@@ -3,7 +3,9 @@
 Everything else in multicritic is written once against `keras.ops` and
 `Variable.assign`. A backend says only how gradients are taken, how a step is
 compiled, how a conditional update is expressed, how a constant enters a
-compiled function and how data parallelism hooks in; one module per backend
+compiled function, how data parallelism hooks in, which kernels it runs
+fastest (fused norms, the first Dense by input parts) and how lists of
+tensors (gradients, weights) are reduced, scaled and blended; one module per backend
 (`tensorflow.py`, `torch.py`, `jax.py`) implements `Backend`, as Keras's own
 `backend/{jax,tensorflow,torch}/trainer.py` do for `Model.fit`.
 
@@ -79,6 +81,12 @@ class Backend(abc.ABC):
     """The per-backend half of training and inference."""
 
     name: str
+    # Normalisations as one kernel each (Keras's `ops.layer_normalization` / `ops.rms_normalization`): eager
+    # PyTorch has fused kernels for them; XLA fuses the written-out formula into fewer passes than Keras's.
+    fused_norms: bool = False
+    # A large batch's first Dense as one matmul per input part (`h`, `z`) without their concatenation (XLA,
+    # eager PyTorch); TensorFlow's graph runs the concatenation and one matmul faster.
+    split_first_layer: bool = True
 
     @property
     def export_formats(self) -> Tuple[str, ...]:
@@ -101,6 +109,22 @@ class Backend(abc.ABC):
     def apply_gradients(self, optimizer, grads: Sequence, variables: Sequence) -> None:
         """The optimizer update, inside a step (assignments through `Variable.assign`)."""
         optimizer.apply(grads, variables)
+
+    # Lists of tensors (a step's gradients, a critic's weights): a backend with multi-tensor kernels runs each
+    # as a few of them, in place where the buffers are the step's own.
+
+    def global_norm(self, tensors: Sequence):
+        """`sqrt` of the sum of squares of every entry of `tensors`."""
+        return ops.sqrt(sum(ops.sum(t * t) for t in tensors))
+
+    def scale(self, tensors: Sequence, factor) -> List:
+        """`[t * factor for t in tensors]`; may overwrite `tensors` (pass only a step's own gradients)."""
+        return [t * factor for t in tensors]
+
+    def blend(self, variables: Sequence, values: Sequence, decay) -> None:
+        """`v <- decay * v + (1 - decay) * x` for each variable `v` and value `x` (the EMA update)."""
+        for v, x in zip(variables, values):
+            v.assign(decay * v.value + (1.0 - decay) * x)
 
     @abc.abstractmethod
     def update_if(self, ok, update: Callable[[], None], variables: Sequence) -> None:

@@ -89,6 +89,11 @@ class CriticPairModule(torch.nn.Module):
 class TorchBackend(Backend):
     name = "torch"
 
+    @property
+    def fused_norms(self):
+        # Not in an ONNX export's trace: its exporter cannot take the kernels' shape arguments there.
+        return not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
+
     def constant(self, values):
         # `torch.compile` cannot trace numpy: inside it, the Python floats.
         if torch.compiler.is_compiling():
@@ -104,10 +109,37 @@ class TorchBackend(Backend):
     def module_view(self, critic, use_ema, outputs):
         return CriticPairModule(critic) if use_ema is None else CriticModule(critic, use_ema, outputs)
 
+    def global_norm(self, tensors):
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(tensors))))
+
+    def scale(self, tensors, factor):
+        tensors = list(tensors)
+        torch._foreach_mul_(tensors, factor)
+        return tensors
+
+    def blend(self, variables, values, decay):
+        targets = [v.value for v in variables]
+        with torch.no_grad():
+            torch._foreach_mul_(targets, decay)
+            if torch.is_tensor(decay):
+                torch._foreach_add_(targets, torch._foreach_mul(list(values), 1.0 - decay))
+            else:
+                torch._foreach_add_(targets, list(values), alpha=1.0 - decay)
+
     def update_if(self, ok, update, variables):
-        """Eager PyTorch reads the flag on the host: skipping costs nothing."""
-        if bool(ok):
-            update()
+        """Eager PyTorch on the CPU reads the flag on the host: skipping costs nothing. On an accelerator or
+        inside `torch.compile` nothing waits for the host (a step CUDA graphs can capture, one compiled graph):
+        the update runs, then a select keeps the old values where `ok` is false."""
+        if ok.device.type == "cpu" and not torch.compiler.is_compiling():
+            if bool(ok):
+                update()
+            return
+        values = [v.value for v in variables]  # assignments copy into these tensors
+        old = [x.clone() for x in values]
+        update()
+        with torch.no_grad():
+            for x, before in zip(values, old):
+                x.copy_(torch.where(ok, x, before))
 
     def all_gather(self, x):
         if not _distributed():

@@ -7,9 +7,14 @@ from typing import Optional
 import keras
 from keras import ops
 
+from multicritic import backend
+
 # Rows whose variance overflows float32 are normalised through
 # `centered * 2^-64`, whose variance cannot (2^-128 times the plain one).
 _SMALL = 2.0**-64
+# A fused kernel gets rows whose largest |x| is past this brought down to it first: their mean square
+# (and Welford's sums, over up to 2^14 units) stays below float32's 2^128.
+_FUSED_LIMIT = 2.0**56
 
 
 def layer_norm(x, gamma, beta, epsilon, center=True):
@@ -29,6 +34,8 @@ def layer_norm(x, gamma, beta, epsilon, center=True):
     formula's bits.
     """
     x = ops.cast(x, "float32") if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16") else x
+    if backend.current().fused_norms:
+        return _fused_norm(x, gamma, beta, epsilon, center)
     centered = x - ops.mean(x, axis=-1, keepdims=True) if center else x
     variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
     # A sibling reduction, which XLA fuses into the same pass (a row maximum
@@ -40,6 +47,27 @@ def layer_norm(x, gamma, beta, epsilon, center=True):
     # Scaled per row first, then by gamma: grouping `rsqrt * gamma` instead
     # makes XLA's backward pass materialise that [B, units] outer product.
     return centered * inv_std * gamma + beta
+
+
+def _fused_norm(x, gamma, beta, epsilon, center):
+    """`layer_norm` through Keras's one-kernel ops; rows past `_FUSED_LIMIT` are scaled down to it first
+    (exactly 1 for the others), which changes their output only through epsilon, which their variance dwarfs."""
+    peak = ops.maximum(ops.amax(x, axis=-1, keepdims=True), -ops.amin(x, axis=-1, keepdims=True))
+    x = x * ops.stop_gradient(_FUSED_LIMIT / (_FUSED_LIMIT + ops.relu(peak - _FUSED_LIMIT)))
+    # Per-feature gamma and beta go into the kernel; an ensemble's per-member ones after it.
+    inside = all(isinstance(v, (int, float)) or len(v.shape) == 1 for v in (gamma, beta))
+    scale = gamma if inside and not isinstance(gamma, (int, float)) else None
+    if center:
+        offset = beta if inside and not isinstance(beta, (int, float)) else None
+        y = ops.layer_normalization(x, scale, offset, epsilon=epsilon)
+    else:
+        offset = None
+        y = ops.rms_normalization(x, scale, epsilon=epsilon)
+    if scale is None and not (isinstance(gamma, (int, float)) and gamma == 1.0):
+        y = y * gamma
+    if offset is None and not (isinstance(beta, (int, float)) and beta == 0.0):
+        y = y + beta
+    return y
 
 
 @keras.saving.register_keras_serializable(package="multicritic")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import keras
 import numpy as np
 from keras import ops
 
+from multicritic import backend
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.initializers import MemberwiseInitializer
 from multicritic.layers.layer_norm import LayerNormalization
@@ -17,11 +19,11 @@ from multicritic.validation import number
 
 # The first Dense runs on its input times 2^-32, so its output cannot
 # overflow for any finite input (float32 holds |x| < 2^128); a power of two
-# scales float32 and bfloat16 products exactly, and the LayerNorm after it
-# gives the same output with epsilon * 2^-64. A quantized first Dense
+# scales float32 and bfloat16 products exactly, and the norm after it
+# gives the same output with epsilon * 2^-64. The scale goes on the input or
+# on the kernel (and bias): the same products. A quantized first Dense
 # (whose input quantizer cannot take values that small) gets its input
-# clipped to +-2^96 instead, as is a first Dense with a bias (which the
-# input scale would not reach). Not float16: its range is too narrow for either
+# clipped to +-2^96 instead. Not float16: its range is too narrow for either
 # (see `_fit_float16`).
 NORMS = ("layer", "rms")
 _FIRST_INPUT_SCALE = 2.0**-32
@@ -45,6 +47,29 @@ def _fit_float16(x):
     # but for epsilon.
     x = ops.clip(x, -_FLOAT16_MAX, _FLOAT16_MAX)  # (NaN stays NaN; exporters take a clip, not an isinf)
     return x * _row_scale(x, _FLOAT16_ROW_LIMIT)
+
+
+def _first_dense(dense, parts, scale, on_kernel):
+    """The first Dense on the concatenation of `parts`, times `scale`: as the sum of each part times its rows
+    of the kernel (no concatenation is made), the scale on the input or (`on_kernel`) on the kernel, and on
+    the bias. Powers of two scale exactly, so either way the products are those of the scaled input."""
+    kernel = dense.kernel  # a Python float scale keeps each tensor's (autocast) dtype
+    if on_kernel:
+        kernel = kernel * scale
+    else:
+        parts = [p * scale for p in parts]
+    if len(parts) > 1:
+        # One split (its gradient is one concatenation), not a slice per part (a zero-filled kernel each).
+        kernel = ops.split(kernel, np.cumsum([int(p.shape[-1]) for p in parts[:-1]]).tolist(), axis=-2)
+    else:
+        kernel = [kernel]
+    out = None
+    for part, rows in zip(parts, kernel):
+        term = ops.matmul(part, rows) if len(rows.shape) == 2 else ops.einsum(dense.equation, part, rows)
+        out = term if out is None else out + term
+    if dense.bias is not None:
+        out = out + dense.bias * scale
+    return out
 
 
 def dense_layer(units, *, members=None, first=False, use_bias=False, kernel_initializer="glorot_uniform",
@@ -87,7 +112,9 @@ class MLP(keras.layers.Layer):
     times 2^-32 (its LayerNorm on epsilon times 2^-64: the same output), so
     it cannot overflow, nor can a LayerNorm's variance (see
     `LayerNormalization`); a quantized first Dense gets its input clipped to
-    +-2^96 instead. With members the input must be `[B, in]` (rank 2: Keras's
+    +-2^96 instead. The first Dense also takes its input in parts (a list,
+    e.g. `[h, flat_z]`): each part meets its own rows of the kernel, and the
+    concatenation is never made. With members the input must be `[B, in]` (rank 2: Keras's
     EinsumDense quantization needs explicit equations).
 
     Args:
@@ -111,7 +138,8 @@ class MLP(keras.layers.Layer):
 
     Call arguments:
         inputs: float tensor `[..., input_dim]` (`[B, input_dim]` with
-            members; shared by all of them).
+            members; shared by all of them), or a list of tensors whose
+            concatenation along the last axis is that.
 
     Returns:
         `[..., dense_hidden_units]` (member-major `[K, B,
@@ -217,17 +245,28 @@ class MLP(keras.layers.Layer):
             self.output_layer.build(shape)
 
     def call(self, inputs):
+        parts = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         scale = 1.0
-        if self._float16:
-            x = _fit_float16(inputs)
-        elif (self.dense_layers and not self.use_bias
-              and getattr(self.dense_layers[0], "quantization_mode", None) is None):
+        if (not self._float16 and self.dense_layers
+                and getattr(self.dense_layers[0], "quantization_mode", None) is None):
             scale = _FIRST_INPUT_SCALE
-            x = inputs * scale
-        else:
-            x = ops.clip(inputs, -_INPUT_LIMIT, _INPUT_LIMIT)
+        # The scale goes where it costs less: on the kernel when the batch has at least as many rows as the
+        # kernel, else on the input. On the kernel, each part can meet its own rows (no concatenation).
+        # (A symbolic batch, as in an export's trace, counts as large.)
+        lead = parts[0].shape[:-1]
+        rows = math.prod(lead) if all(type(d) is int for d in lead) else None
+        on_kernel = scale != 1.0 and (rows is None or rows >= sum(int(p.shape[-1]) for p in parts))
+        if len(parts) > 1 and not (on_kernel and backend.current().split_first_layer):
+            parts = [ops.concatenate(parts, axis=-1)]
+        if self._float16:
+            x = _fit_float16(parts[0])
+        elif scale == 1.0:
+            x = ops.clip(parts[0], -_INPUT_LIMIT, _INPUT_LIMIT)
         for i, (dense, norm) in enumerate(zip(self.dense_layers, self.layer_normalizations)):
-            x = call_layer(dense, x)
+            if i == 0 and scale != 1.0:
+                x = _first_dense(dense, parts, scale, on_kernel)
+            else:
+                x = call_layer(dense, x)
             if i == 0 and self.members is not None:
                 # Member-major from here on ([K, B, units]): batched matmuls
                 # without transposes, and the heads' outputs come out [K, B, ...].

@@ -8,6 +8,7 @@ gradients are taken and how the step is compiled is the backend contract's
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable, Dict, Optional
 
@@ -19,6 +20,7 @@ from multicritic import backend, heads
 from multicritic.backend import StepProgram
 from multicritic.bins import inverse_symlog
 from multicritic.critic import CriticNetwork
+from multicritic.layers.dispatch import call_layer
 from multicritic.multi_critic import MultiCritic
 from multicritic.losses import EMA_REGULARIZERS, critic_loss
 from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns
@@ -70,10 +72,6 @@ def _time_major(x, length, members):
 def _before_last(x, members):
     """The steps before the last of a time-major `[L, ...]` (an ensemble's `[K, L, ...]`)."""
     return x[:, :-1] if members else x[:-1]
-
-
-def global_norm(tensors):
-    return ops.sqrt(sum(ops.sum(t * t) for t in tensors))
 
 
 def _as_float32(x, name="x"):
@@ -264,7 +262,7 @@ class CriticTrainer:
         self._lock = threading.Lock()
         # The critic's forward pass; a backend may route it through its
         # data-parallel engine (PyTorch DDP).
-        self._forward = self._backend.forward_function(critic) or critic
+        self._forward = self._backend.forward_function(critic) or functools.partial(call_layer, critic)
 
     # ------------------------------------------------------------------
     # State.
@@ -537,7 +535,8 @@ class CriticTrainer:
         critic = self.critic
         grads = [as_float32(g) for g in grads]
         scale = self._loss_scale()
-        norm = global_norm(grads)
+        backend = self._backend
+        norm = backend.global_norm(grads)
         if scale is not None:
             norm = norm / ops.cast(scale, "float32")
         metrics = dict(losses)
@@ -550,8 +549,7 @@ class CriticTrainer:
         if self.grad_clip is not None:
             # tf.clip_by_global_norm's factor (the reference's clipping).
             factor = self.grad_clip * ops.minimum(1.0 / norm, 1.0 / self.grad_clip)
-            grads = [g * factor for g in grads]
-        backend = self._backend
+            grads = backend.scale(grads, factor)
         period = self.ema_update_period
 
         def optimizer_step():

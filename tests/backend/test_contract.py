@@ -68,3 +68,52 @@ def test_apply_gradients_is_written_once_for_the_eager_backends():
         assert "def apply_gradients" not in module_source
     assert "def apply_gradients" in (PACKAGE / "backend" / "jax.py").read_text()
     assert importlib.import_module("multicritic.backend").Backend.apply_gradients
+
+
+def test_list_ops_compute_their_formulas():
+    # Multi-tensor kernels on PyTorch, keras.ops elsewhere: the same numbers against float64.
+    import keras
+    import numpy as np
+
+    current = backend.current()
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=shape).astype("float32") for shape in ((5, 3), (7,), (2, 2, 2))]
+    want = np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in arrays))
+    got = current.global_norm([keras.ops.convert_to_tensor(a) for a in arrays])
+    np.testing.assert_allclose(float(keras.ops.convert_to_numpy(got)), want, rtol=1e-6)
+    scaled = current.scale([keras.ops.convert_to_tensor(a) for a in arrays], 0.25)
+    for a, s in zip(arrays, scaled):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(s), a * np.float32(0.25))
+    for decay in (0.9, keras.ops.convert_to_tensor(0.9), 1.0, 0.0):
+        targets = [keras.Variable(a, trainable=False) for a in arrays]
+        sources = [a[::-1].copy() for a in arrays]
+        current.blend(targets, [keras.ops.convert_to_tensor(s) for s in sources], decay)
+        d = float(keras.ops.convert_to_numpy(decay))
+        for t, a, s in zip(targets, arrays, sources):
+            got = keras.ops.convert_to_numpy(t.value)
+            if d in (0.0, 1.0):  # exactly the source, exactly unchanged
+                np.testing.assert_array_equal(got, s if d == 0.0 else a)
+            else:
+                np.testing.assert_allclose(got, d * a.astype(np.float64) + (1 - d) * s, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif(multicritic.backend.keras.backend.backend() != "torch", reason="PyTorch's compiled update")
+def test_torch_update_if_compiles_to_one_graph_without_a_host_sync():
+    # Inside torch.compile (and on an accelerator) the skip is a select, not a host read of the flag:
+    # fullgraph=True fails on any graph break.
+    import keras
+    import numpy as np
+    import torch
+
+    current = backend.current()
+    v = keras.Variable(np.arange(3, dtype="float32"))
+
+    def step(ok):
+        current.update_if(ok, lambda: v.assign(v.value * 2.0 + 1.0), [v])
+        return v.value.sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    compiled(torch.tensor(False))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(v.value), [0.0, 1.0, 2.0])
+    compiled(torch.tensor(True))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(v.value), [1.0, 3.0, 5.0])

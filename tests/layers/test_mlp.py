@@ -40,6 +40,23 @@ def test_matches_numpy_with_random_weights():
     np.testing.assert_allclose(to_np(mlp(x)), numpy_mlp(mlp, x.astype(np.float64)), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("members", [None, 3])
+@pytest.mark.parametrize("rows", [5, 40])
+def test_parts_give_the_mlp_of_their_concatenation(rows, members):
+    # Fewer rows than the input's width (25): the parts are concatenated; more: each meets its own kernel rows.
+    mlp = MLP(model_size=None, num_dense_layers=2, dense_hidden_units=12, members=members)
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(rows, 9)).astype("float32"), rng.normal(size=(rows, 16)).astype("float32")
+    mlp.build((None, 25))
+    randomize_weights(mlp)
+    whole = to_np(mlp(np.concatenate([a, b], -1)))
+    parts = to_np(mlp([keras.ops.convert_to_tensor(a), keras.ops.convert_to_tensor(b)]))
+    np.testing.assert_allclose(parts, whole, rtol=1e-5, atol=1e-5)
+    if members is None:
+        np.testing.assert_allclose(parts, numpy_mlp(mlp, np.concatenate([a, b], -1).astype(np.float64)),
+                                   rtol=2e-5, atol=2e-5)
+
+
 def test_config_round_trip():
     mlp = MLP(model_size="micro", output_layer_size=3, name="m")
     clone = MLP.from_config(mlp.get_config())

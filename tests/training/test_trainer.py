@@ -20,13 +20,16 @@ def snapshot(variables):
     return [to_np(v).copy() for v in variables]
 
 
-def test_step_matches_numpy_reference_for_three_steps():
+# Batches below and above the latent's width (96): the first Dense takes a concatenated input, then the parts
+# by their kernel rows.
+@pytest.mark.parametrize("n", [32, 128])
+def test_step_matches_numpy_reference_for_three_steps(n):
     critic = CriticNetwork(model_size="micro")
     randomize(critic, seed=3, scale=0.2)
     trainer = CriticTrainer(critic)
     numpy_trainer = ref.Trainer(ref.params_from(critic), ref.params_from(critic, ema=True))
     for step in range(3):
-        batch = direct_batch(critic, 32, seed=step)
+        batch = direct_batch(critic, n, seed=step)
         got = to_np(trainer.train_step(*batch))
         want = numpy_trainer.step(*batch)
         for key in ("total", "value_nll", "ema_regularizer", "grad_norm"):
