@@ -54,20 +54,20 @@ def _fused_norm(x, gamma, beta, epsilon, center):
     (exactly 1 for the others), which changes their output only through epsilon, which their variance dwarfs."""
     peak = ops.maximum(ops.amax(x, axis=-1, keepdims=True), -ops.amin(x, axis=-1, keepdims=True))
     x = x * ops.stop_gradient(_FUSED_LIMIT / (_FUSED_LIMIT + ops.relu(peak - _FUSED_LIMIT)))
-    # Per-feature gamma and beta go into the kernel; an ensemble's per-member ones after it.
-    inside = all(isinstance(v, (int, float)) or len(v.shape) == 1 for v in (gamma, beta))
-    scale = gamma if inside and not isinstance(gamma, (int, float)) else None
-    if center:
-        offset = beta if inside and not isinstance(beta, (int, float)) else None
-        y = ops.layer_normalization(x, scale, offset, epsilon=epsilon)
-    else:
-        offset = None
-        y = ops.rms_normalization(x, scale, epsilon=epsilon)
+    # Per-feature gamma and beta go into the kernel; an ensemble's per-member ones (and Python numbers) after it.
+    scale, offset = _per_feature(gamma), (_per_feature(beta) if center else None)
+    y = ops.layer_normalization(x, scale, offset, epsilon=epsilon) if center else ops.rms_normalization(
+        x, scale, epsilon=epsilon)
     if scale is None and not (isinstance(gamma, (int, float)) and gamma == 1.0):
         y = y * gamma
     if offset is None and not (isinstance(beta, (int, float)) and beta == 0.0):
         y = y + beta
     return y
+
+
+def _per_feature(v):
+    """`v` when it is a `[units]` tensor, else None."""
+    return None if isinstance(v, (int, float)) or len(v.shape) != 1 else v
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
