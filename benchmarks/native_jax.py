@@ -3,6 +3,13 @@
 Parameters are a pytree of arrays, the whole step (fast and EMA forward,
 loss, grad, optax clip, Adam with Keras's epsilon placement (the trainer's),
 EMA) is one `jax.jit` with donated state.
+
+Variants tried (`benchmarks/baseline_variants.py`, XS, 2 vCPUs, medians of 5
+alternating blocks, ms per step at batch 256 / 4096 / 15360; the file
+`results_baseline_variants.json`): two-hot by gather, state donated 4.56 /
+77.24 / 284.5; gather, not donated 5.05 / 74.74 / 292.7; dense two-hot
+product, donated 4.58 / 77.61 / 290.7; dense, not donated 5.13 / 78.49 /
+294.6. `options_for(batch)` takes the fastest at the nearest measured batch.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from benchmarks import fastest_for
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 BUCKETS = np.linspace(LOWER, UPPER, NUM_BUCKETS, dtype=np.float32)
@@ -55,20 +64,45 @@ def two_hot_parts(v):
     return k.astype(jnp.int32), kp1.astype(jnp.int32), w_k, 1 - w_k
 
 
-def loss_from(logits, ema_value, targets, weights):
-    """The DreamerV3 critic loss (two-hot NLL + two-hot of the EMA's value), weighted mean over positions."""
+def loss_from(logits, ema_value, targets, weights, two_hot="gather"):
+    """The DreamerV3 critic loss (two-hot NLL + two-hot of the EMA's value), weighted mean over positions:
+    `"gather"` picks the two log-probabilities of each encoding, `"dense"` builds both encodings as
+    `[B, 255]` distributions (one-hot sums) and takes their product with the log-probabilities."""
     logp = jax.nn.log_softmax(logits)
     k, kp1, w_k, w_kp1 = two_hot_parts(jnp.sign(targets) * jnp.log1p(jnp.abs(targets)))
     ek, ekp1, ew_k, ew_kp1 = two_hot_parts(ema_value)
     idx = jnp.stack([k, kp1, ek, ekp1], -1)
     w = jnp.stack([w_k, w_kp1, ew_k, ew_kp1], -1)
-    per = -(jnp.take_along_axis(logp, idx, -1) * w).sum(-1)
+    if two_hot == "gather":
+        per = -(jnp.take_along_axis(logp, idx, -1) * w).sum(-1)
+    elif two_hot == "dense":
+        target = (jax.nn.one_hot(idx, NUM_BUCKETS) * w[..., None]).sum(-2)
+        per = -(logp * target).sum(-1)
+    else:
+        raise ValueError(f"two_hot: got {two_hot!r}, expected 'gather' or 'dense'.")
     return (per * weights).mean()
 
 
-def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, initial=None):
+# Variants of the step (`make_step` keywords), computing the same math.
+VARIANTS = {"two_hot": ("gather", "dense"), "donate": (True, False)}
+# benchmarks/baseline_variants.py, XS (see the module docstring).
+FASTEST = {
+    256: {"two_hot": "gather", "donate": True},
+    4096: {"two_hot": "gather", "donate": False},
+    15360: {"two_hot": "gather", "donate": True},
+}
+
+
+def options_for(batch):
+    """The fastest measured variant for `batch` (that of the nearest measured batch)."""
+    return fastest_for(FASTEST, batch)
+
+
+def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, initial=None,
+              two_hot="gather", donate=True):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(params, ema)` pytrees to start from
-    (`step.read("fast" | "ema")` reads them back)."""
+    (`step.read("fast" | "ema")` reads them back); `two_hot`, `donate` (the state's buffers to the step): the
+    variant (see `VARIANTS`)."""
     params = init(np.random.default_rng(seed), in_dim, units, layers)
     if initial is not None:
         params = jax.tree_util.tree_map(jnp.asarray, initial[0])
@@ -81,7 +115,7 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
     def loss_fn(params, ema, h, z, targets, weights):
         _, logits = forward(params, h, z)
         ema_value, _ = forward(ema, h, z)
-        return loss_from(logits, jax.lax.stop_gradient(ema_value), targets, weights)
+        return loss_from(logits, jax.lax.stop_gradient(ema_value), targets, weights, two_hot)
 
     def adam(grads, opt_state, params):
         # Keras's epsilon placement (`lr_t * m / (sqrt(v) + eps)`, as CriticTrainer's); optax.adam adds
@@ -102,7 +136,7 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
         ema = jax.tree_util.tree_map(lambda e, p: decay * e + (1 - decay) * p, ema, params)
         return params, ema, opt_state, {"total": loss, "grad_norm": norm}
 
-    step_jit = jax.jit(_step, donate_argnums=(0, 1, 2))
+    step_jit = jax.jit(_step, donate_argnums=(0, 1, 2) if donate else ())
 
     def step(h, z, targets, weights):
         state[0], state[1], state[2], metrics = step_jit(state[0], state[1], state[2], h, z, targets, weights)

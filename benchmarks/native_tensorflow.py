@@ -4,17 +4,22 @@ Same math as the reference; `tf.raw_ops`-level ops only where TF has them
 (matmul, moments, softmax), Adam written out with Keras's epsilon placement,
 global-norm clipping with tf.clip_by_global_norm, EMA with assign.
 
-LayerNorm, two groupings tried (XS, this machine, medians of 7 alternating
-blocks): `tf.nn.batch_normalization` (`rsqrt(var + eps) * gamma` first) 7.08 /
-64.9 ms per step at batch 256 / 4096; written out `(x - mean) * rsqrt(var +
-eps) * gamma + beta` 6.83 / 67.9 ms. `options_for(batch)` picks the faster
-one per batch.
+Variants tried (`benchmarks/baseline_variants.py`, XS, 2 vCPUs, medians of 5
+alternating blocks, ms per step at batch 256 / 4096 / 15360; the file
+`results_baseline_variants.json`), LayerNorm grouping x two-hot loss:
+written out `(x - mean) * rsqrt(var + eps) * gamma + beta` with the two-hot
+by gather 6.39 / 61.38 / 240.0; `tf.nn.batch_normalization` (`rsqrt(var +
+eps) * gamma` first) + gather 6.81 / 61.42 / 244.7; written + dense two-hot
+product 6.63 / 62.96 / 245.4; batch_normalization + dense 6.65 / 63.72 /
+253.1. `options_for(batch)` takes the fastest at the nearest measured batch.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+
+from benchmarks import fastest_for
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
@@ -31,15 +36,30 @@ def two_hot_parts(v):
     return tf.cast(k, tf.int32), tf.cast(kp1, tf.int32), w_k, 1 - w_k
 
 
+# Variants of the step (`make_step` keywords), computing the same math.
+VARIANTS = {"layer_norm": ("batch_normalization", "written"), "two_hot": ("gather", "dense")}
+
+
+# benchmarks/baseline_variants.py, XS (see the module docstring).
+FASTEST = {
+    256: {"layer_norm": "written", "two_hot": "gather"},
+    4096: {"layer_norm": "written", "two_hot": "gather"},
+    15360: {"layer_norm": "written", "two_hot": "gather"},
+}
+
+
 def options_for(batch):
-    """The fastest measured variant for `batch` (see the module docstring)."""
-    return {"layer_norm": "written" if batch <= 1024 else "batch_normalization"}
+    """The fastest measured variant for `batch` (that of the nearest measured batch)."""
+    return fastest_for(FASTEST, batch)
 
 
 def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, jit_compile=False,
-              initial=None, layer_norm="batch_normalization"):
+              initial=None, layer_norm="batch_normalization", two_hot="gather"):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(fast, ema)` lists (per layer kernel, gamma,
-    beta; then head kernel, bias) to start from (`step.read("fast" | "ema")` reads them back)."""
+    beta; then head kernel, bias) to start from (`step.read("fast" | "ema")` reads them back); `layer_norm`,
+    `two_hot`: the variant (see `VARIANTS`)."""
+    if layer_norm not in VARIANTS["layer_norm"] or two_hot not in VARIANTS["two_hot"]:
+        raise ValueError(f"layer_norm, two_hot: got {layer_norm!r}, {two_hot!r}, expected one of each of {VARIANTS}.")
     rng = np.random.default_rng(seed)
 
     def variables(trainable):
@@ -89,7 +109,11 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
             ek, ekp1, ew_k, ew_kp1 = two_hot_parts(ema_value)
             idx = tf.stack([k, kp1, ek, ekp1], -1)
             w = tf.stack([w_k, w_kp1, ew_k, ew_kp1], -1)
-            per = -tf.reduce_sum(tf.gather(logp, idx, batch_dims=1) * w, -1)
+            if two_hot == "gather":
+                per = -tf.reduce_sum(tf.gather(logp, idx, batch_dims=1) * w, -1)
+            else:  # "dense": both encodings as [B, 255] distributions (one-hot sums)
+                target = tf.reduce_sum(tf.one_hot(idx, NUM_BUCKETS) * w[..., None], -2)
+                per = -tf.reduce_sum(logp * target, -1)
             loss = tf.reduce_mean(per * weights)
         grads = tape.gradient(loss, fast)
         grads, norm = tf.clip_by_global_norm(grads, clip)

@@ -47,7 +47,7 @@ def measure(backend, impl, size, batch):
         step = CriticTrainer(CriticNetwork(model_size=size)).train_step
     else:
         native = __import__(f"benchmarks.native_{backend}", fromlist=["make_step"])
-        options = getattr(native, "options_for", lambda _: {})(batch)
+        options = native.options_for(batch)
         step = native.make_step(gru + cats * classes, dims["dense_hidden_units"], dims["num_dense_layers"], **options)
     for _ in range(2):
         _sync(backend, step(*data))

@@ -159,7 +159,7 @@ def run_backend(backend, pairs, repeats, block_seconds, jit_compile):
         keras.utils.set_random_seed(0)
         ours = CriticTrainer(CriticNetwork(model_size=size), jit_compile=jit_compile).train_step
         kwargs = {"jit_compile": jit_compile} if backend in ("tensorflow", "torch") else {}
-        kwargs.update(getattr(native, "options_for", lambda _: {})(batch))  # the baseline's fastest variant
+        kwargs.update(native.options_for(batch))  # the baseline's fastest variant
         theirs = native.make_step(in_dim, units, layers, **kwargs)
         impls = {"multicritic": ours, "native": theirs}
         times, count = time_side_by_side(backend, impls, data, repeats, block_seconds)

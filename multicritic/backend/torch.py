@@ -30,6 +30,46 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+_SATURATED = {}
+# Kernel placements with a fused Adam in PyTorch.
+_FUSED_DEVICES = ("cpu", "cuda")
+
+
+def _saturated_step(device):
+    """A float32 step count of 2^30 on `device`: `beta ** step` is 0 for every beta < 1 - 2^-26."""
+    key = str(device)
+    if key not in _SATURATED:
+        _SATURATED[key] = torch.tensor(2.0**30, dtype=torch.float32, device=device)
+    return _SATURATED[key]
+
+
+def _fused_adam_params(optimizer, grads, variables):
+    """The variables' tensors when `optimizer` is a plain Keras Adam the fused kernel computes exactly (no
+    AMSGrad, weight decay, clipping, optimizer EMA, accumulation, loss scale or constraints; float32 weights
+    on one CPU or CUDA device, outside `torch.compile`), else None."""
+    from keras.src.backend.torch.optimizers.torch_adam import Adam
+
+    if type(optimizer) is not Adam or torch.compiler.is_compiling():
+        return None
+    options = (optimizer.amsgrad, optimizer.weight_decay, optimizer.clipnorm, optimizer.clipvalue,
+               optimizer.global_clipnorm, optimizer.gradient_accumulation_steps, optimizer.loss_scale_factor)
+    if optimizer.use_ema or any(o not in (None, False) for o in options):
+        return None
+    if not all(isinstance(b, float) for b in (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon)):
+        return None
+    if not 0.0 <= optimizer.beta_2 < 1.0 - 2.0**-26 or not 0.0 <= optimizer.beta_1 < 1.0 - 2.0**-26:
+        return None
+    params = [v.value for v in variables]
+    if len(grads) != len(params) or not params:
+        return None
+    device = params[0].device
+    for v, p, g in zip(variables, params, grads):
+        if (v.constraint is not None or getattr(v, "overwrite_with_gradient", False) or g is None
+                or p.dtype != torch.float32 or g.dtype != torch.float32 or p.device != device or g.device != device):
+            return None
+    return params if device.type in _FUSED_DEVICES else None
+
+
 class CriticModule(torch.nn.Module):
     """One half of a critic (fast or EMA) as a `torch.nn.Module` holding the critic's own parameters.
 
@@ -108,6 +148,33 @@ class TorchBackend(Backend):
 
     def module_view(self, critic, use_ema, outputs):
         return CriticPairModule(critic) if use_ema is None else CriticModule(critic, use_ema, outputs)
+
+    def apply_gradients(self, optimizer, grads, variables):
+        """A plain Keras Adam runs as PyTorch's one fused kernel (one pass over the weights instead of Keras's
+        ten foreach passes and its per-call bookkeeping); any other optimizer, or an Adam with options the
+        kernel does not take, through `optimizer.apply`."""
+        params = _fused_adam_params(optimizer, grads, variables)
+        if params is None:
+            return optimizer.apply(grads, variables)
+        slots = [
+            [slot[optimizer._get_variable_index(v)].value for v in variables]
+            for slot in (optimizer._momentums, optimizer._velocities)
+        ]
+        dtype = params[0].dtype
+        step = (optimizer.iterations.value + 1).to(dtype)
+        beta_1, beta_2 = torch.tensor(optimizer.beta_1, dtype=dtype), torch.tensor(optimizer.beta_2, dtype=dtype)
+        # Keras's update `lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`: its bias corrections go
+        # into the kernel's learning rate, and the kernel's own (`1 - b^step`) are made exactly 1 by a step
+        # count whose powers of the betas underflow to 0.
+        lr = keras_torch.convert_to_tensor(optimizer.learning_rate, dtype="float32").to(dtype)
+        lr = lr * torch.sqrt(1 - beta_2.pow(step)) / (1 - beta_1.pow(step))
+        steps = [_saturated_step(params[0].device)] * len(params)
+        torch._fused_adam_(
+            params, list(grads), slots[0], slots[1], [], steps, lr=lr, beta1=float(optimizer.beta_1),
+            beta2=float(optimizer.beta_2), weight_decay=0.0, eps=float(optimizer.epsilon), amsgrad=False,
+            maximize=False,
+        )
+        optimizer.iterations.assign(optimizer.iterations.value + 1)
 
     def global_norm(self, tensors):
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(tensors))))

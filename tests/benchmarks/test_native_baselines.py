@@ -1,16 +1,19 @@
 """The native single-critic baselines (`benchmarks/native_*.py`) compute `CriticTrainer`'s step.
 
 From the same weights (fast and EMA), three steps of the current backend's
-native step give the same losses as `CriticTrainer` and the same fast and EMA
+native step, in each of its variants (two-hot by gather or dense product,
+LayerNorm grouping, fused optimizer, donation), give the same losses as `CriticTrainer` and the same fast and EMA
 weights (Adam's updates themselves compared, so another epsilon placement or
 clipping would show): a ratio measured against them compares the same math.
 """
 
+import itertools
 import os
 import sys
 
 import keras
 import numpy as np
+import pytest
 
 from multicritic import CriticNetwork, CriticTrainer
 from tests.conftest import BACKEND, randomize, to_np
@@ -19,6 +22,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 BATCH, LR, STEPS = 64, 3e-5, 3
+
+
+def _module():
+    from benchmarks import native_jax, native_tensorflow, native_torch
+
+    return {"jax": native_jax, "torch": native_torch, "tensorflow": native_tensorflow}[BACKEND]
+
+
+def _variants():
+    """Every combination of this backend's baseline variants (`VARIANTS`), as `make_step` keywords."""
+    variants = _module().VARIANTS
+    return [dict(zip(variants, values)) for values in itertools.product(*variants.values())]
 
 
 def _layers(critic, ema):
@@ -35,8 +50,9 @@ def _flat(structured):
     return [a for layer in layers for a in layer] + list(head)
 
 
-def _native(critic, in_dim):
-    """This backend's native step started from `critic`'s weights; returns `(step, read(which) -> flat list)`."""
+def _native(critic, in_dim, variant):
+    """This backend's native step (`variant`: its `make_step` keywords) started from `critic`'s weights;
+    returns `(step, read(which) -> flat list)`."""
     units, layers = critic.dense_hidden_units, critic.num_dense_layers
     fast, ema = _layers(critic, False), _layers(critic, True)
     if BACKEND == "jax":
@@ -47,7 +63,7 @@ def _native(critic, in_dim):
             return {"mlp": [{"kernel": k, "gamma": g, "beta": b} for k, g, b in mlp],
                     "head": {"kernel": kernel, "bias": bias}}
 
-        step = native.make_step(in_dim, units, layers, lr=LR, initial=(tree(fast), tree(ema)))
+        step = native.make_step(in_dim, units, layers, lr=LR, initial=(tree(fast), tree(ema)), **variant)
 
         def read(which):
             t = step.read(which)
@@ -67,7 +83,7 @@ def _native(critic, in_dim):
             out["head.weight"], out["head.bias"] = np.ascontiguousarray(kernel.T), bias
             return out
 
-        step = native.make_step(in_dim, units, layers, lr=LR, initial=(named(fast), named(ema)))
+        step = native.make_step(in_dim, units, layers, lr=LR, initial=(named(fast), named(ema)), **variant)
 
         def read(which):
             d = step.read(which)
@@ -78,11 +94,12 @@ def _native(critic, in_dim):
         return step, read
     from benchmarks import native_tensorflow as native
 
-    step = native.make_step(in_dim, units, layers, lr=LR, initial=(_flat(fast), _flat(ema)))
+    step = native.make_step(in_dim, units, layers, lr=LR, initial=(_flat(fast), _flat(ema)), **variant)
     return step, step.read
 
 
-def test_native_step_matches_critic_trainer():
+@pytest.mark.parametrize("variant", _variants(), ids=lambda v: "-".join(map(str, v.values())))
+def test_native_step_matches_critic_trainer(variant):
     critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=16,
                            num_z_categoricals=4, num_z_classes=4)
     randomize(critic, seed=3, scale=0.3)
@@ -90,7 +107,7 @@ def test_native_step_matches_critic_trainer():
     for v in critic.ema_weights:  # an EMA copy that differs from the fast weights
         v.assign(to_np(v.value) + rng.normal(scale=0.05, size=tuple(v.shape)).astype("float32"))
     in_dim = critic.latent_size
-    step, read = _native(critic, in_dim)
+    step, read = _native(critic, in_dim, variant)
     trainer = CriticTrainer(critic, learning_rate=LR)
     for i in range(STEPS):
         h = np.tanh(rng.normal(size=(BATCH, critic.gru_units))).astype("float32")

@@ -31,6 +31,24 @@ def test_train_step_benchmark_runs(tmp_path):
     assert "| multicritic ms |" in result.stdout
 
 
+def test_baseline_variants_benchmark_runs(tmp_path):
+    sys.path.insert(0, ROOT)
+    from benchmarks.baseline_variants import variants
+
+    native = __import__(f"benchmarks.native_{BACKEND}", fromlist=["VARIANTS"])
+    out = tmp_path / "variants.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "baseline_variants.py"), "--backend", BACKEND, "--size",
+         "nano", "--batch", "8", "--repeats", "1", "--block-seconds", "0.01", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads(out.read_text())
+    assert len(records) == len(variants(native)) >= 4 and all(r["step_ms"] > 0 for r in records)
+    # The variant the benchmarks run at batch 8 is one of those timed.
+    assert sum(r["chosen"] for r in records) == 1
+
+
 def test_step_flops_formula():
     sys.path.insert(0, ROOT)
     from benchmarks.train_step import step_flops
