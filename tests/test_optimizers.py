@@ -274,3 +274,25 @@ def test_linear_warmup_rejects_bad_arguments(kwargs, name):
         LinearWarmup(**kwargs)
     with pytest.raises(ValueError, match=rf"^{name}: "):
         official_optimizer(**kwargs)
+
+
+def test_all_tensors_at_once_is_the_per_tensor_update(monkeypatch):
+    # With multi-tensor kernels (PyTorch) every tensor is updated at once through the backend's list ops;
+    # that is the per-tensor `update_step` loop Keras runs elsewhere (weights and slots, three updates).
+    from multicritic import backend
+
+    rng = np.random.default_rng(5)
+    params = [rng.normal(size=s).astype("float32") for s in ((6, 4), (4,), (4, 3))]
+    grads = [[rng.normal(size=p.shape).astype("float32") * 3.0 ** i for p in params] for i in range(3)]
+    runs = []
+    for all_at_once in (True, False):
+        monkeypatch.setattr(type(backend.current()), "has_list_kernels", all_at_once)
+        variables = variables_of(params)
+        optimizer = LaProp(learning_rate=1e-2)
+        optimizer.build(variables)
+        for step in grads:
+            optimizer.apply([keras.ops.convert_to_tensor(g) for g in step], variables)
+        runs.append([to_np(v) for v in variables + optimizer._velocities + optimizer._momentums])
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+    assert not np.allclose(runs[0][0], params[0])

@@ -126,6 +126,36 @@ class Backend(abc.ABC):
         for v, x in zip(variables, values):
             v.assign(decay * v.value + (1.0 - decay) * x)
 
+    # Functional list ops (an optimizer's update over all its tensors at once, `multicritic.optimizers`):
+    # they take tensors or variables, return new tensors and change nothing.
+
+    has_list_kernels: bool = False  # whether the list ops below run as multi-tensor kernels
+
+    def norms(self, tensors: Sequence):
+        """The L2 norm of each tensor, over all its entries, as one float32 vector `[len(tensors)]`; finite for
+        every finite tensor whose norm is below float32's largest value."""
+        return ops.stack([_l2_norm(t) for t in tensors])
+
+    def multiply(self, tensors: Sequence, factors) -> List:
+        """`[t * factors[i] ...]` for a vector `factors` `[len(tensors)]`."""
+        return [t * factors[i] for i, t in enumerate(tensors)]
+
+    def squares(self, tensors: Sequence) -> List:
+        """`[t * t ...]`."""
+        return [t * t for t in tensors]
+
+    def blended(self, olds: Sequence, news: Sequence, decay: float) -> List:
+        """`[decay * old + (1 - decay) * new ...]`."""
+        return [decay * old + (1.0 - decay) * new for old, new in zip(olds, news)]
+
+    def rms_normalize(self, tensors: Sequence, second_moments: Sequence, correction, epsilon: float) -> List:
+        """`[t / (sqrt(nu / correction) + epsilon) ...]`."""
+        return [t / (ops.sqrt(nu / correction) + epsilon) for t, nu in zip(tensors, second_moments)]
+
+    def add_scaled(self, tensors: Sequence, values: Sequence, alpha) -> List:
+        """`[t + alpha * x ...]`."""
+        return [t + alpha * x for t, x in zip(tensors, values)]
+
     @abc.abstractmethod
     def update_if(self, ok, update: Callable[[], None], variables: Sequence) -> None:
         """Runs `update` (which assigns `variables`) only when the boolean tensor `ok` is true."""
@@ -183,6 +213,20 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def make_predict_function(self, critic, use_ema: bool) -> Callable:
         """`fn(h, z) -> critic(h, z, use_ema)`, compiled so that a new batch size does not retrace."""
+
+
+# Sums of squares past float32's range are recomputed on the tensor times 2^-64 (exact: a power of two).
+_SMALL = 2.0**-64
+
+
+def _l2_norm(x):
+    """The L2 norm of all of `x`'s entries, finite for any finite `x` whose norm fits float32."""
+    squares = ops.sum(ops.square(x))
+    fits = ops.isfinite(squares)
+    # The second sum runs on the scaled tensor only where it is needed: scaled regardless, the squares of
+    # ordinary weights and gradients would be denormal numbers, which many CPUs compute far slower.
+    small = ops.sum(ops.square(x * ops.where(fits, 1.0, _SMALL)))
+    return ops.where(fits, ops.sqrt(squares), ops.sqrt(small) / _SMALL)
 
 
 _BACKENDS: Dict[str, Backend] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
+import keras
 import torch
 from keras.src.backend.common import global_state
 from keras.src.backend.torch import core as keras_torch
@@ -33,6 +34,11 @@ def _distributed() -> bool:
 _SATURATED = {}
 # Kernel placements with a fused Adam in PyTorch.
 _FUSED_DEVICES = ("cpu", "cuda")
+
+
+def _tensors(items):
+    """Keras variables as their tensors (the multi-tensor kernels take tensors)."""
+    return [x.value if isinstance(x, keras.Variable) else x for x in items]
 
 
 def _saturated_step(device):
@@ -192,6 +198,41 @@ class TorchBackend(Backend):
                 torch._foreach_add_(targets, torch._foreach_mul(list(values), 1.0 - decay))
             else:
                 torch._foreach_add_(targets, list(values), alpha=1.0 - decay)
+
+    has_list_kernels = True
+
+    @torch.no_grad()
+    def norms(self, tensors):
+        # Accumulated in float64: no square of a finite float32 overflows there.
+        return torch.stack(torch._foreach_norm(_tensors(tensors), 2, dtype=torch.float64)).to(torch.float32)
+
+    @torch.no_grad()
+    def multiply(self, tensors, factors):
+        return list(torch._foreach_mul(_tensors(tensors), list(factors.unbind())))
+
+    @torch.no_grad()
+    def squares(self, tensors):
+        tensors = _tensors(tensors)
+        return list(torch._foreach_mul(tensors, tensors))
+
+    @torch.no_grad()
+    def blended(self, olds, news, decay):
+        out = torch._foreach_mul(_tensors(olds), decay)
+        torch._foreach_add_(out, _tensors(news), alpha=1.0 - decay)
+        return list(out)
+
+    @torch.no_grad()
+    def rms_normalize(self, tensors, second_moments, correction, epsilon):
+        scale = torch._foreach_div(_tensors(second_moments), correction)
+        torch._foreach_sqrt_(scale)
+        torch._foreach_add_(scale, epsilon)
+        return list(torch._foreach_div(_tensors(tensors), scale))
+
+    @torch.no_grad()
+    def add_scaled(self, tensors, values, alpha):
+        out = torch._foreach_mul(_tensors(values), alpha)
+        torch._foreach_add_(out, _tensors(tensors))
+        return list(out)
 
     def update_if(self, ok, update, variables):
         """Eager PyTorch on the CPU reads the flag on the host: skipping costs nothing. On an accelerator or

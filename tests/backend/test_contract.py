@@ -122,6 +122,44 @@ def test_list_ops_compute_their_formulas():
                 np.testing.assert_allclose(got, d * a.astype(np.float64) + (1 - d) * s, rtol=1e-6, atol=1e-7)
 
 
+def test_functional_list_ops_compute_their_formulas_and_change_nothing():
+    # An optimizer's update over all its tensors at once (multicritic.optimizers.LaProp): multi-tensor kernels on
+    # PyTorch, keras.ops elsewhere; against float64, inputs (tensors and variables) unchanged.
+    import numpy as np
+
+    current = backend.current()
+    rng = np.random.default_rng(1)
+    shapes = ((5, 3), (7,), (2, 2, 2))
+    a, b = ([rng.normal(size=s).astype("float32") for s in shapes] for _ in range(2))
+    nu = [np.abs(x) + 0.1 for x in b]
+    variables = [keras.Variable(x) for x in a]
+    tensors = [keras.ops.convert_to_tensor(x) for x in b]
+    as64 = [[x.astype(np.float64) for x in group] for group in (a, b, nu)]
+    a64, b64, nu64 = as64
+
+    def check(got, want, rtol=1e-6):
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(keras.ops.convert_to_numpy(g), w, rtol=rtol, atol=1e-7)
+
+    check([current.norms(variables)], [np.array([np.sqrt((x**2).sum()) for x in a64])])
+    factors = keras.ops.convert_to_tensor(np.array([0.5, 2.0, -1.0], "float32"))
+    check(current.multiply(tensors, factors), [x * f for x, f in zip(b64, (0.5, 2.0, -1.0))])
+    check(current.squares(tensors), [x * x for x in b64])
+    check(current.blended(variables, tensors, 0.9), [0.9 * x + 0.1 * y for x, y in zip(a64, b64)])
+    correction = keras.ops.convert_to_tensor(np.float32(0.25))
+    check(current.rms_normalize(tensors, [keras.ops.convert_to_tensor(x) for x in nu], correction, 1e-3),
+          [x / (np.sqrt(n / 0.25) + 1e-3) for x, n in zip(b64, nu64)], rtol=1e-5)
+    alpha = keras.ops.convert_to_tensor(np.float32(-0.5))
+    check(current.add_scaled(variables, tensors, alpha), [x - 0.5 * y for x, y in zip(a64, b64)])
+    for v, x in zip(variables, a):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(v.value), x)
+    for t, x in zip(tensors, b):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(t), x)
+    # Norms stay finite where the squares overflow float32 (and scaled copies of ordinary tensors stay normal).
+    huge = [keras.ops.convert_to_tensor(np.full((1000,), 1e30, "float32")), keras.ops.convert_to_tensor(b[0])]
+    check([current.norms(huge)], [np.array([1e30 * np.sqrt(1000.0), np.sqrt((b64[0] ** 2).sum())])], rtol=1e-5)
+
+
 @pytest.mark.skipif(multicritic.backend.keras.backend.backend() != "torch", reason="PyTorch's compiled update")
 def test_torch_update_if_compiles_to_one_graph_without_a_host_sync():
     # Inside torch.compile (and on an accelerator) the skip is a select, not a host read of the flag:
