@@ -106,6 +106,10 @@ class Backend(abc.ABC):
             array = _ARRAYS[id(values)] = np.asarray(values, np.float32)
         return ops.convert_to_tensor(array)
 
+    def detached(self, x):
+        """`x` cut from any gradient computation it takes part in (`ops.stop_gradient`)."""
+        return ops.stop_gradient(x)
+
     def apply_gradients(self, optimizer, grads: Sequence, variables: Sequence) -> None:
         """The optimizer update, inside a step (assignments through `Variable.assign`)."""
         optimizer.apply(grads, variables)

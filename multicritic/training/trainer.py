@@ -80,7 +80,7 @@ def _as_float32(x, name="x"):
     x = real_values(name, x)
     if isinstance(x, np.ndarray):
         return x.astype(np.float32, copy=False)
-    return ops.stop_gradient(as_float32(x))
+    return backend.current().detached(as_float32(x))
 
 
 class CriticTrainer:
