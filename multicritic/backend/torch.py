@@ -70,7 +70,7 @@ def _fused_adam_params(optimizer, grads, variables):
         return None
     device = params[0].device
     for v, p, g in zip(variables, params, grads):
-        if (v.constraint is not None or getattr(v, "overwrite_with_gradient", False) or g is None
+        if (v.constraint is not None or getattr(v, "overwrite_with_gradient", False) or not torch.is_tensor(g)
                 or p.dtype != torch.float32 or g.dtype != torch.float32 or p.device != device or g.device != device):
             return None
     return params if device.type in _FUSED_DEVICES else None
@@ -134,6 +134,7 @@ class CriticPairModule(torch.nn.Module):
 
 class TorchBackend(Backend):
     name = "torch"
+    has_list_kernels = True
 
     @property
     def fused_norms(self):
@@ -168,7 +169,8 @@ class TorchBackend(Backend):
         ]
         dtype = params[0].dtype
         step = (optimizer.iterations.value + 1).to(dtype)
-        beta_1, beta_2 = torch.tensor(optimizer.beta_1, dtype=dtype), torch.tensor(optimizer.beta_2, dtype=dtype)
+        beta_1, beta_2 = (torch.tensor(b, dtype=dtype, device=step.device)
+                          for b in (optimizer.beta_1, optimizer.beta_2))
         # Keras's update `lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`: its bias corrections go
         # into the kernel's learning rate, and the kernel's own (`1 - b^step`) are made exactly 1 by a step
         # count whose powers of the betas underflow to 0.
@@ -198,8 +200,6 @@ class TorchBackend(Backend):
                 torch._foreach_add_(targets, torch._foreach_mul(list(values), 1.0 - decay))
             else:
                 torch._foreach_add_(targets, list(values), alpha=1.0 - decay)
-
-    has_list_kernels = True
 
     @torch.no_grad()
     def norms(self, tensors):
