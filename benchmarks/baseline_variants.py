@@ -6,16 +6,14 @@ by gathering two log-probabilities or by a dense `[B, 255]` product, the
 LayerNorm grouping (TensorFlow), torch.optim.Adam's fused kernel or foreach
 ops (PyTorch), donated state buffers or not (JAX). For each backend and
 batch, all variants are warmed up and timed in alternating blocks (medians);
-each native module's `options_for(batch)`, which `train_step.py` uses,
-returns the fastest measured here.
+each native module's `FASTEST` holds the fastest measured here, which
+`benchmarks.options_for(native, batch)` gives `train_step.py`.
 
     python benchmarks/baseline_variants.py --backend all --batch 256 4096 15360 --json out.json
 """
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import os
 import statistics
 import sys
@@ -23,12 +21,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.train_step import BACKENDS, _inputs, dispatch, time_side_by_side  # noqa: E402
-
-
-def variants(native):
-    """Every combination of `native.VARIANTS`, as `make_step` keywords."""
-    return [dict(zip(native.VARIANTS, values)) for values in itertools.product(*native.VARIANTS.values())]
+from benchmarks import options_for, variants  # noqa: E402
+from benchmarks.train_step import _inputs, time_side_by_side, timed_command  # noqa: E402
 
 
 def label(variant):
@@ -47,7 +41,7 @@ def run_backend(backend, size, batches, repeats, block_seconds):
         data = _inputs(backend, batch, gru, cats, classes, seed=batch)
         impls = {label(v): native.make_step(gru + cats * classes, units, layers, **v) for v in variants(native)}
         times, count = time_side_by_side(backend, impls, data, repeats, block_seconds)
-        chosen = label(native.options_for(batch))
+        chosen = label(options_for(native, batch))
         for name, values in times.items():
             records.append({"backend": backend, "size": size, "batch": batch, "variant": name,
                             "step_ms": statistics.median(values) * 1e3, "repeats": repeats,
@@ -68,19 +62,8 @@ def table(records):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "all"), help=f"one of {BACKENDS} or all")
-    parser.add_argument("--size", default="XS")
-    parser.add_argument("--batch", type=int, nargs="+", default=[256, 4096, 15360])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--block-seconds", type=float, default=1.0, help="length of one timed block")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-             "--batch", *map(str, args.batch)]
-    dispatch(__file__, args, child,
-             lambda: run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds), table)
+    timed_command(__file__, __doc__, argv, run_backend, table, batches=(256, 4096, 15360), repeats=5,
+                  block_seconds=1.0)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ conversion of its outputs to numpy.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.train_step import dispatch  # noqa: E402
+from benchmarks.train_step import timed_command  # noqa: E402
 
 
 def _block(fn, data, count):
@@ -93,19 +92,7 @@ def table(records):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "all"))
-    parser.add_argument("--size", default="XS")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 1024])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--block-seconds", type=float, default=0.5)
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-             "--batch", *map(str, args.batch)]
-    dispatch(__file__, args, child,
-             lambda: run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds), table)
+    timed_command(__file__, __doc__, argv, run_backend, table, batches=(1, 1024), repeats=5, block_seconds=0.5)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ alternating blocks, ms per step at batch 256 / 4096 / 15360; the file
 `results_baseline_variants.json`): two-hot by gather, state donated 4.56 /
 77.24 / 284.5; gather, not donated 5.05 / 74.74 / 292.7; dense two-hot
 product, donated 4.58 / 77.61 / 290.7; dense, not donated 5.13 / 78.49 /
-294.6. `options_for(batch)` takes the fastest at the nearest measured batch.
+294.6. `benchmarks.options_for(native, batch)` takes the fastest at the nearest
+measured batch.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
-from benchmarks import fastest_for
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 BUCKETS = np.linspace(LOWER, UPPER, NUM_BUCKETS, dtype=np.float32)
@@ -85,17 +84,12 @@ def loss_from(logits, ema_value, targets, weights, two_hot="gather"):
 
 # Variants of the step (`make_step` keywords), computing the same math.
 VARIANTS = {"two_hot": ("gather", "dense"), "donate": (True, False)}
-# benchmarks/baseline_variants.py, XS (see the module docstring).
+# The fastest measured per batch (benchmarks/baseline_variants.py, XS; see the module docstring).
 FASTEST = {
     256: {"two_hot": "gather", "donate": True},
     4096: {"two_hot": "gather", "donate": False},
     15360: {"two_hot": "gather", "donate": True},
 }
-
-
-def options_for(batch):
-    """The fastest measured variant for `batch` (that of the nearest measured batch)."""
-    return fastest_for(FASTEST, batch)
 
 
 def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, initial=None,

@@ -11,15 +11,14 @@ written out `(x - mean) * rsqrt(var + eps) * gamma + beta` with the two-hot
 by gather 6.39 / 61.38 / 240.0; `tf.nn.batch_normalization` (`rsqrt(var +
 eps) * gamma` first) + gather 6.81 / 61.42 / 244.7; written + dense two-hot
 product 6.63 / 62.96 / 245.4; batch_normalization + dense 6.65 / 63.72 /
-253.1. `options_for(batch)` takes the fastest at the nearest measured batch.
+253.1. `benchmarks.options_for(native, batch)` takes the fastest at the nearest
+measured batch.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-
-from benchmarks import fastest_for
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
@@ -40,17 +39,12 @@ def two_hot_parts(v):
 VARIANTS = {"layer_norm": ("batch_normalization", "written"), "two_hot": ("gather", "dense")}
 
 
-# benchmarks/baseline_variants.py, XS (see the module docstring).
+# The fastest measured per batch (benchmarks/baseline_variants.py, XS; see the module docstring).
 FASTEST = {
     256: {"layer_norm": "written", "two_hot": "gather"},
     4096: {"layer_norm": "written", "two_hot": "gather"},
     15360: {"layer_norm": "written", "two_hot": "gather"},
 }
-
-
-def options_for(batch):
-    """The fastest measured variant for `batch` (that of the nearest measured batch)."""
-    return fastest_for(FASTEST, batch)
 
 
 def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, jit_compile=False,

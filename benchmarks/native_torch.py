@@ -13,8 +13,8 @@ alternating blocks, ms per step at batch 256 / 4096 / 15360; the file
 `results_baseline_variants.json`): two-hot by gather + foreach Adam 7.97 /
 69.85 / 283.2; gather + torch.optim.Adam's fused kernel 8.24 / 70.31 / 278.3;
 dense two-hot product + foreach 8.22 / 70.46 / 285.9; dense + fused 7.81 /
-70.19 / 289.8. All within 5% (the machine's noise); `options_for(batch)`
-takes the fastest at the nearest measured batch.
+70.19 / 289.8. All within 5% (the machine's noise); `benchmarks.options_for(native,
+batch)` takes the fastest at the nearest measured batch.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import copy
 
 import torch
 from torch import nn
-
-from benchmarks import fastest_for
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
@@ -85,17 +83,12 @@ def loss_from(logits, ema_value, targets, weights, two_hot="gather"):
 VARIANTS = {"two_hot": ("gather", "dense"), "optimizer": ("foreach", "fused")}
 
 
-# benchmarks/baseline_variants.py, XS (see the module docstring).
+# The fastest measured per batch (benchmarks/baseline_variants.py, XS; see the module docstring).
 FASTEST = {
     256: {"two_hot": "dense", "optimizer": "fused"},
     4096: {"two_hot": "gather", "optimizer": "foreach"},
     15360: {"two_hot": "gather", "optimizer": "fused"},
 }
-
-
-def options_for(batch):
-    """The fastest measured variant for `batch` (that of the nearest measured batch)."""
-    return fastest_for(FASTEST, batch)
 
 
 def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, jit_compile=False, initial=None,

@@ -22,6 +22,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks import options_for  # noqa: E402
 from benchmarks.train_step import _inputs, _sync, dispatch  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def measure(backend, impl, size, batch):
         step = CriticTrainer(CriticNetwork(model_size=size)).train_step
     else:
         native = __import__(f"benchmarks.native_{backend}", fromlist=["make_step"])
-        options = native.options_for(batch)
+        options = options_for(native, batch)
         step = native.make_step(gru + cats * classes, dims["dense_hidden_units"], dims["num_dense_layers"], **options)
     for _ in range(2):
         _sync(backend, step(*data))

@@ -26,6 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks import options_for  # noqa: E402
+
 BACKENDS = ("tensorflow", "torch", "jax")
 
 
@@ -159,7 +161,7 @@ def run_backend(backend, pairs, repeats, block_seconds, jit_compile):
         keras.utils.set_random_seed(0)
         ours = CriticTrainer(CriticNetwork(model_size=size), jit_compile=jit_compile).train_step
         kwargs = {"jit_compile": jit_compile} if backend in ("tensorflow", "torch") else {}
-        kwargs.update(native.options_for(batch))  # the baseline's fastest variant
+        kwargs.update(options_for(native, batch))  # the baseline's fastest variant
         theirs = native.make_step(in_dim, units, layers, **kwargs)
         impls = {"multicritic": ours, "native": theirs}
         times, count = time_side_by_side(backend, impls, data, repeats, block_seconds)
@@ -219,6 +221,25 @@ def dispatch(script, args, child_args, run_this_backend, table):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
+
+
+def timed_command(script, doc, argv, run_backend, table, batches, repeats, block_seconds):
+    """The command line of a benchmark timed per backend and batch (`--backend`, `--size`, `--batch`,
+    `--repeats`, `--block-seconds`, `--json`): `run_backend(backend, size, batches, repeats, block_seconds)`
+    through `dispatch`; the other arguments are the defaults."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "all"), help=f"one of {BACKENDS} or all")
+    parser.add_argument("--size", default="XS")
+    parser.add_argument("--batch", type=int, nargs="+", default=list(batches))
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--block-seconds", type=float, default=block_seconds, help="length of one timed block")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
+             "--batch", *map(str, args.batch)]
+    dispatch(script, args, child,
+             lambda: run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds), table)
 
 
 def table(records):

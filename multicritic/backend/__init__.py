@@ -127,8 +127,8 @@ class Backend(abc.ABC):
 
     def blend(self, variables: Sequence, values: Sequence, decay) -> None:
         """`v <- decay * v + (1 - decay) * x` for each variable `v` and value `x` (the EMA update)."""
-        for v, x in zip(variables, values):
-            v.assign(decay * v.value + (1.0 - decay) * x)
+        for v, new in zip(variables, self.blended([v.value for v in variables], values, decay)):
+            v.assign(new)
 
     # Functional list ops (an optimizer's update over all its tensors at once, `multicritic.optimizers`):
     # they take tensors or variables, return new tensors and change nothing.
@@ -148,7 +148,7 @@ class Backend(abc.ABC):
         """`[t * t ...]`."""
         return [t * t for t in tensors]
 
-    def blended(self, olds: Sequence, news: Sequence, decay: float) -> List:
+    def blended(self, olds: Sequence, news: Sequence, decay) -> List:
         """`[decay * old + (1 - decay) * new ...]`."""
         return [decay * old + (1.0 - decay) * new for old, new in zip(olds, news)]
 

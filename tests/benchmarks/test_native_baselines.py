@@ -8,7 +8,6 @@ clipping would show): a ratio measured against them compares the same math.
 """
 
 import importlib
-import itertools
 import os
 import sys
 
@@ -31,9 +30,10 @@ def _module():
 
 
 def _variants():
-    """Every combination of this backend's baseline variants (`VARIANTS`), as `make_step` keywords."""
-    variants = _module().VARIANTS
-    return [dict(zip(variants, values)) for values in itertools.product(*variants.values())]
+    """Every variant of this backend's baseline, as `make_step` keywords."""
+    from benchmarks import variants
+
+    return variants(_module())
 
 
 def _layers(critic, ema):

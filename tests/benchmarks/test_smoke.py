@@ -33,7 +33,7 @@ def test_train_step_benchmark_runs(tmp_path):
 
 def test_baseline_variants_benchmark_runs(tmp_path):
     sys.path.insert(0, ROOT)
-    from benchmarks.baseline_variants import variants
+    from benchmarks import variants
 
     native = __import__(f"benchmarks.native_{BACKEND}", fromlist=["VARIANTS"])
     out = tmp_path / "variants.json"
