@@ -148,18 +148,18 @@ def _bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme):
 def _decode_table(num_buckets, lower_bound, upper_bound, bin_scheme):
     """For symmetric bounds, `(table, skewed)` over the pairs of buckets around the
     centre, `j < m = n // 2`: `table` holds `lower[j] = -b[m-1-j]`, then, if
-    `skewed`, `skew[j] = b[n-m+j] - lower[j]` (exact in float32; all zero for
-    `"symexp"`). `None` for asymmetric bounds."""
+    `skewed` (the upper bucket `b[n-m+j]` differs from `lower[j]` in float32; never
+    for `"symexp"`), the upper buckets `b[n-m+j]`. `None` for asymmetric bounds."""
     key = (num_buckets, lower_bound, upper_bound, bin_scheme, "decode")
     if key not in _TABLES:
         _TABLES[key] = None
         if lower_bound == -upper_bound:
             table = np.asarray(_bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme), np.float32)
             m = num_buckets // 2
-            lower = -table[:m][::-1]
-            skew = table[num_buckets - m :] - lower  # two nearly equal float32: exact
-            # One table (one host-to-device copy on PyTorch), skew appended where any.
-            _TABLES[key] = (tuple(lower.tolist()) + (tuple(skew.tolist()) if skew.any() else ()), bool(skew.any()))
+            lower, upper = -table[:m][::-1], table[num_buckets - m :]
+            skewed = bool((upper != lower).any())
+            # One table (one host-to-device copy on PyTorch), the upper buckets appended where they differ.
+            _TABLES[key] = (tuple(lower.tolist()) + (tuple(upper.tolist()) if skewed else ()), skewed)
     return _TABLES[key]
 
 
@@ -213,10 +213,10 @@ def _uniform_indices(values, num_buckets, lower_bound, upper_bound):
     # an integer is undefined, and an index out of range fails or wraps.
     idx = ops.nan_to_num(idx, nan=0.0)
     k = ops.floor(idx)
-    kp1 = ops.ceil(idx)
-    kp1 = ops.where(ops.equal(k, kp1), kp1 + 1.0, kp1)
-    # Past the top, kp1 gets weight 0; any valid index will do.
-    kp1 = ops.where(ops.equal(kp1, float(num_buckets)), kp1 - 2.0, kp1)
+    # The reference's `ceil(idx)`, plus 1 where that equals `k`, is `k + 1` for every idx; past the top
+    # (`k + 1 == num_buckets`) it takes the reference's `num_buckets - 2`, whose weight is 0.
+    kp1 = k + 1.0
+    kp1 = ops.where(ops.equal(kp1, float(num_buckets)), float(num_buckets - 2), kp1)
     k, kp1 = ops.cast(k, "int32"), ops.cast(kp1, "int32")
     table = _constant(grid)
     values_k = ops.take(table, k)
@@ -376,19 +376,17 @@ def expected_value(
     else:
         m = num_buckets // 2
         # Per pair, (p_hi - min) * b_hi + (p_lo - min) * b_lo with the middle
-        # bucket (0) left out, which is `diff * -b_lo + relu(diff) * skew`
-        # for `diff = p_hi - p_lo`. Each term of a symmetric pair is then
-        # exactly 0 however a compiler reorders or fuses the sum (a plain sum
-        # of `probs * buckets` under XLA decoded a uniform distribution to
-        # 0.15). Products and a sum, not a matmul: GPUs may run float32
-        # matmuls in TF32, at 1e-3 precision.
+        # bucket (0) left out, which is `diff * b_hi` where `diff = p_hi - p_lo`
+        # is positive and `diff * -b_lo` elsewhere. Each term of a symmetric
+        # pair is then exactly 0 however a compiler reorders or fuses the sum
+        # (a plain sum of `probs * buckets` under XLA decoded a uniform
+        # distribution to 0.15). Products and a sum, not a matmul: GPUs may
+        # run float32 matmuls in TF32, at 1e-3 precision.
         diff = probs[..., num_buckets - m :] - ops.flip(probs[..., :m], axis=-1)
         table, skewed = pairs
         table = _constant(table)
-        terms = diff * table[:m]
-        if skewed:
-            terms = terms + ops.relu(diff) * table[m:]
-        mean = ops.sum(terms, axis=-1)
+        bucket = ops.where(diff > 0.0, table[m:], table[:m]) if skewed else table[:m]
+        mean = ops.sum(diff * bucket, axis=-1)
     return mean if bin_scheme == "uniform_symlog" else symlog(mean)
 
 

@@ -176,7 +176,9 @@ def critic_loss(
         low, high = bucket_range(num_buckets, lower_bound, upper_bound, bin_scheme)
         if bin_scheme == "uniform_symlog":
             low, high = math.copysign(math.expm1(abs(low)), low), math.copysign(math.expm1(abs(high)), high)
-        clipped = ops.logical_and(ops.logical_or(value_targets < low, value_targets > high), finite)
+        # (Non-finite targets are 0 here: not clipped.)
+        clipped = ops.abs(value_targets) > high if low == -high else ops.logical_or(value_targets < low,
+                                                                                     value_targets > high)
     else:
         clipped = ops.zeros_like(finite)
     return {

@@ -101,13 +101,15 @@ def test_nonfinite_targets_are_dropped_and_counted():
     clean = to_np(critic_loss(logits, targets, ema, weights))
     targets[0, 0] = np.nan
     ema[1, 1] = np.inf
+    targets[1, 0] = -np.inf
     out = to_np(critic_loss(logits, targets, ema, weights))
-    assert out["nonfinite_targets"] == 2.0
+    assert out["nonfinite_targets"] == 3.0
+    assert out["clipped_fraction"] == 0.0  # dropped, not clipped
     assert all(np.isfinite(v) for v in out.values())
     mask = np.ones(targets.shape, bool)
-    mask[0, 0] = mask[1, 1] = False
+    mask[0, 0] = mask[1, 1] = mask[1, 0] = False
     lp = ref.log_softmax(logits.astype(np.float64))
-    nll = -(lp * ref.two_hot(ref.symlog(np.nan_to_num(targets)))).sum(-1)
+    nll = -(lp * ref.two_hot(ref.symlog(np.nan_to_num(targets, neginf=0)))).sum(-1)
     reg = -(lp * ref.two_hot(np.nan_to_num(ema, posinf=0))).sum(-1)
     np.testing.assert_allclose(out["total"], np.mean((nll + reg) * weights * mask), rtol=1e-5)
     assert out["total"] != clean["total"]

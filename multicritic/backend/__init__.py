@@ -87,6 +87,14 @@ class Backend(abc.ABC):
     # A large batch's first Dense as one matmul per input part (`h`, `z`) without their concatenation (XLA,
     # eager PyTorch); TensorFlow's graph runs the concatenation and one matmul faster.
     split_first_layer: bool = True
+    # The first Dense's overflow scale goes on its kernel from `units` rows on (each pass costs what it reads, and
+    # the split saves the input's concatenation too: eager PyTorch), not from `in` rows (XLA folds the input's
+    # scale and concatenation into the matmul's operand; TensorFlow's graph measured so too).
+    kernel_scale_from_units: bool = False
+    # An overflow guard's fallback (the LayerNorm's variance of a row past float32) in a cond, computed only for
+    # a batch that needs it: graph-mode TensorFlow runs each op as a pass of its own; XLA fuses the fallback's
+    # reduction into the same pass, and a cond would split the fusion.
+    lazy_fallbacks: bool = False
 
     @property
     def export_formats(self) -> Tuple[str, ...]:

@@ -65,6 +65,7 @@ def _distributed_train_function(program: StepProgram, batch_axis, strategy):
 class TensorFlowBackend(Backend):
     name = "tensorflow"
     split_first_layer = False
+    lazy_fallbacks = True
 
     def update_if(self, ok, update, variables):
         """A `tf.cond`: the update's assignments run only in the taken branch."""

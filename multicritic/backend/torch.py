@@ -135,6 +135,7 @@ class CriticPairModule(torch.nn.Module):
 class TorchBackend(Backend):
     name = "torch"
     has_list_kernels = True
+    kernel_scale_from_units = True
 
     @property
     def fused_norms(self):

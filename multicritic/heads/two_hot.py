@@ -75,9 +75,10 @@ class RewardPredictorLayer(ValueHead):
             [w_k, w_kp1], axis=-1
         )
         width = k.shape[-1]
-        value_term = -(picked[..., 0] + picked[..., width])
+        terms = -(picked[..., :width] + picked[..., width:])
+        value_term = terms[..., 0]
         if two_hot_ema:
-            ema_term = -(picked[..., 1] + picked[..., width + 1])
+            ema_term = terms[..., 1]
         elif ema_logits is not None:
             ema_term = cross_entropy(ops.stop_gradient(ops.softmax(ema_logits, axis=-1)), logp)
         else:

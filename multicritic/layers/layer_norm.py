@@ -38,22 +38,33 @@ def layer_norm(x, gamma, beta, epsilon, center=True):
         return _fused_norm(x, gamma, beta, epsilon, center)
     centered = x - ops.mean(x, axis=-1, keepdims=True) if center else x
     variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
-    # A sibling reduction, which XLA fuses into the same pass (a row maximum
-    # computed first, to scale by, cost 4% of an XS train step). The inner
-    # `where` keeps the unused branch's gradient free of 0 * inf.
-    fits = ops.isfinite(variance)
-    small = ops.mean(ops.square(centered * _SMALL), axis=-1, keepdims=True)
-    inv_std = ops.where(fits, ops.rsqrt(variance + epsilon), ops.rsqrt(ops.where(fits, 1.0, small)) * _SMALL)
+    if backend.current().lazy_fallbacks:
+        # Every op its own pass here: the fallback runs only for a batch with a row that needs it.
+        inv_std = ops.cond(ops.all(ops.isfinite(variance)), lambda: ops.rsqrt(variance + epsilon),
+                           lambda: _inv_std(centered, variance, epsilon))
+    else:
+        inv_std = _inv_std(centered, variance, epsilon)
     # Scaled per row first, then by gamma: grouping `rsqrt * gamma` instead
     # makes XLA's backward pass materialise that [B, units] outer product.
     return centered * inv_std * gamma + beta
 
 
+def _inv_std(centered, variance, epsilon):
+    """`rsqrt(variance + epsilon)`, and for rows whose variance overflowed float32 that of `centered * 2^-64`
+    (times 2^-64). The second variance is a sibling reduction, which XLA fuses into the same pass (a row
+    maximum computed first, to scale by, cost 4% of an XS train step). The inner `where` keeps the unused
+    branch's gradient free of 0 * inf."""
+    fits = ops.isfinite(variance)
+    small = ops.mean(ops.square(centered * _SMALL), axis=-1, keepdims=True)
+    return ops.where(fits, ops.rsqrt(variance + epsilon), ops.rsqrt(ops.where(fits, 1.0, small)) * _SMALL)
+
+
 def _fused_norm(x, gamma, beta, epsilon, center):
     """`layer_norm` through Keras's one-kernel ops; rows past `_FUSED_LIMIT` are scaled down to it first
     (exactly 1 for the others), which changes their output only through epsilon, which their variance dwarfs."""
-    peak = ops.maximum(ops.amax(x, axis=-1, keepdims=True), -ops.amin(x, axis=-1, keepdims=True))
-    x = x * ops.stop_gradient(_FUSED_LIMIT / (_FUSED_LIMIT + ops.relu(peak - _FUSED_LIMIT)))
+    # `limit / peak` is above 1 for every row within the limit (infinite for a zero row), so the factor is 1.
+    peak = ops.amax(ops.abs(x), axis=-1, keepdims=True)
+    x = x * ops.stop_gradient(ops.minimum(_FUSED_LIMIT / peak, 1.0))
     # Per-feature gamma and beta go into the kernel; an ensemble's per-member ones (and Python numbers) after it.
     scale, offset = _per_feature(gamma), (_per_feature(beta) if center else None)
     y = ops.layer_normalization(x, scale, offset, epsilon=epsilon) if center else ops.rms_normalization(

@@ -244,19 +244,29 @@ class MLP(keras.layers.Layer):
         if self.output_layer is not None:
             self.output_layer.build(shape)
 
+    @property
+    def clips_inputs(self) -> bool:
+        """Whether `call` clips its inputs to a finite range (float16, a quantized first Dense, no Dense), so
+        that a non-finite input may give a finite output. Otherwise a non-finite input gives non-finite
+        outputs (and a finite one finite outputs)."""
+        return (self._float16 or not self.dense_layers
+                or getattr(self.dense_layers[0], "quantization_mode", None) is not None)
+
     def call(self, inputs):
         parts = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-        scale = 1.0
-        if (not self._float16 and self.dense_layers
-                and getattr(self.dense_layers[0], "quantization_mode", None) is None):
-            scale = _FIRST_INPUT_SCALE
-        # The scale goes where it costs less: on the kernel when the batch has at least as many rows as the
-        # kernel, else on the input. On the kernel, each part can meet its own rows (no concatenation).
+        scale = 1.0 if self.clips_inputs else _FIRST_INPUT_SCALE
+        # The scale goes where it costs less: on the input `[rows, in]` or on the kernel `[in, units]` (forward
+        # and backward), from the backend's number of rows on (`Backend.kernel_scale_from_units`). On the
+        # kernel, each part can meet its own rows (no concatenation) where the backend splits the first layer.
         # (A symbolic batch, as in an export's trace, counts as large.)
         lead = parts[0].shape[:-1]
         rows = math.prod(lead) if all(type(d) is int for d in lead) else None
-        on_kernel = scale != 1.0 and (rows is None or rows >= sum(int(p.shape[-1]) for p in parts))
-        if len(parts) > 1 and not (on_kernel and backend.current().split_first_layer):
+        current = backend.current()
+        split = len(parts) > 1 and current.split_first_layer
+        enough = (self.dense_hidden_units * (self.members or 1) if split and current.kernel_scale_from_units
+                  else sum(int(p.shape[-1]) for p in parts))
+        on_kernel = scale != 1.0 and (rows is None or rows >= enough)
+        if len(parts) > 1 and not (on_kernel and split):
             parts = [ops.concatenate(parts, axis=-1)]
         if self._float16:
             x = _fit_float16(parts[0])

@@ -375,6 +375,16 @@ class CriticTrainer:
         losses["invalid_inputs"] = ops.sum(ops.cast(ops.logical_not(loss_weights >= 0.0), "float32"))
         return losses
 
+    def _invalid_states(self, fast, h, z):
+        """1.0 when the states `h`, `z` hold a non-finite value, else 0.0 (such states are no data to learn
+        from). A critic whose MLP does not clip its inputs (`MLP.clips_inputs`) gives (with its finite weights) a
+        non-finite value exactly for such a state, so the check sums its fast values (`[N]`, computed anyway) instead of the
+        states (`[N, gru_units]` and `[N, cats, classes]`); clipping critics check the states themselves."""
+        critics = self._critics()
+        if not any(c.mlp.clips_inputs for c in critics.values()):
+            return _nonfinite(fast[next(iter(critics))][0])
+        return _nonfinite(h) + _nonfinite(z)
+
     def _loss_parts(self, h, z, value_targets, loss_weights):
         fast = self._outputs(h, z)
         ema = self._outputs(h, z, use_ema=True) if self.ema_regularizer_weight > 0.0 else {}
@@ -382,7 +392,7 @@ class CriticTrainer:
         total, losses = self._combine(
             {s: self._critic_losses(c, fast[s], ema.get(s), targets[s], loss_weights) for s, c in self._critics().items()}
         )
-        losses["invalid_inputs"] = losses["invalid_inputs"] + _nonfinite(h) + _nonfinite(z)
+        losses["invalid_inputs"] = losses["invalid_inputs"] + self._invalid_states(fast, h, z)
         return total, losses
 
     def _dream_losses(self, stream, critic, fast, ema, horizon, rewards, continues):
@@ -449,9 +459,7 @@ class CriticTrainer:
         }
         total, losses = self._combine({s: parts[0] for s, parts in per_stream.items()})
         outside = ops.logical_not(ops.logical_and(continues >= 0.0, continues <= 1.0))
-        # Non-finite states: the critic's forward pass would clip them (finite
-        # outputs for any input), but they are no data to learn from.
-        invalid = ops.sum(ops.cast(outside, "float32")) + _nonfinite(h) + _nonfinite(z)
+        invalid = ops.sum(ops.cast(outside, "float32")) + self._invalid_states(fast, h, z)
         losses["invalid_inputs"] = losses["invalid_inputs"] + invalid
         if self.value_loss_weight != 1.0:
             total = total * self.value_loss_weight
@@ -499,7 +507,7 @@ class CriticTrainer:
         replay_total, replay = self._combine(per_stream)
         flags = ops.concatenate([ops.reshape(is_last, (-1,)), ops.reshape(is_terminal, (-1,))])
         invalid = ops.sum(ops.cast(ops.logical_not(ops.logical_or(flags == 0.0, flags == 1.0)), "float32"))
-        invalid = invalid + _nonfinite(replay_h) + _nonfinite(replay_z)
+        invalid = invalid + self._invalid_states(fast, replay_h, replay_z)
         losses.update({f"repval/{k}": v for k, v in replay.items()})
         losses["invalid_inputs"] = losses["invalid_inputs"] + replay["invalid_inputs"] + invalid
         losses["nonfinite_targets"] = losses["nonfinite_targets"] + replay["nonfinite_targets"]

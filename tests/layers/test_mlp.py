@@ -43,7 +43,8 @@ def test_matches_numpy_with_random_weights():
 @pytest.mark.parametrize("members", [None, 3])
 @pytest.mark.parametrize("rows", [5, 40])
 def test_parts_give_the_mlp_of_their_concatenation(rows, members):
-    # Fewer rows than the input's width (25): the parts are concatenated; more: each meets its own kernel rows.
+    # Fewer rows than the units (12, PyTorch) or the input's width (25): the parts are concatenated; more: each
+    # meets its own kernel rows.
     mlp = MLP(model_size=None, num_dense_layers=2, dense_hidden_units=12, members=members)
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(rows, 9)).astype("float32"), rng.normal(size=(rows, 16)).astype("float32")
@@ -78,11 +79,13 @@ def numpy_layer_norm(x, gamma, beta):
     return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + EPS_LN) * gamma + beta
 
 
-@pytest.mark.parametrize("scale", [1.0, 1e17, 1e20, 1e30])
+@pytest.mark.parametrize("scale", [1.0, 1e17, 1e20, 1e30, "mixed"])
 def test_layer_norm_of_huge_rows_is_finite_and_exact(scale):
     # Past about 2^60 the variance overflows float32; such rows are still
-    # normalised by their exact scale (epsilon aside, which they dwarf).
+    # normalised by their exact scale (epsilon aside, which they dwarf), also
+    # next to ordinary rows in one batch (TensorFlow: the fallback's branch).
     rng = np.random.default_rng(0)
+    scale = np.array([[1.0], [1e30], [3.0], [1e20], [1e-3]]) if scale == "mixed" else scale
     x = (rng.normal(size=(5, 16)) * scale).astype(np.float32)
     gamma, beta = rng.normal(size=16).astype(np.float32), rng.normal(size=16).astype(np.float32)
     g, b = keras.ops.convert_to_tensor(gamma), keras.ops.convert_to_tensor(beta)
@@ -103,6 +106,23 @@ def test_mlp_of_huge_inputs_matches_float64():
     for scale in (1e20, 1e28, 1e36, 3e38):
         xs = (x * scale).clip(-3.4e38, 3.4e38).astype(np.float32)
         np.testing.assert_allclose(to_np(mlp(xs)), numpy_mlp(mlp, xs.astype(np.float64)), rtol=2e-5, atol=2e-5)
+
+
+def test_clips_inputs_says_whether_a_nonfinite_input_can_give_finite_outputs():
+    x = np.zeros((4, 9), np.float32)
+    x[1, 2], x[2, 0] = np.inf, np.nan
+    for policy, clips in (("float32", False), ("mixed_float16", True)):
+        mlp = MLP(model_size=None, num_dense_layers=1, dense_hidden_units=12, dtype=policy)
+        mlp.build(x.shape)
+        randomize_weights(mlp)
+        assert mlp.clips_inputs == clips
+        out = to_np(mlp(x)).astype(np.float64)
+        assert np.isfinite(out[[0, 3]]).all()
+        assert np.isfinite(out[1]).all() == clips and np.isnan(out[2]).all()
+    float32 = MLP(model_size=None, num_dense_layers=1, dense_hidden_units=12)
+    float32.build(x.shape)
+    float32.dense_layers[0].quantize("int8")
+    assert float32.clips_inputs
 
 
 def test_float16_mlp_saturates_instead_of_overflowing():

@@ -143,6 +143,28 @@ def test_nonfinite_gradients_change_nothing():
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_a_nonfinite_state_tensor_is_an_invalid_input(policy, bad):
+    # float32: seen in the critic's values (its MLP keeps non-finite inputs non-finite); float16: its MLP
+    # clips its inputs (+-inf would become 65504), so the states themselves are checked.
+    keras.config.set_dtype_policy(policy)
+    try:
+        critic, trainer = trained()
+        assert critic.mlp.clips_inputs == (policy == "mixed_float16")
+        before = state(trainer)
+        h, z, rewards, continues = dream_batch(critic)
+        z[2, 1, 0, 0] = bad
+        metrics = to_np(trainer.train_on_dream(h, keras.ops.convert_to_tensor(z), rewards, continues))
+        assert metrics["invalid_inputs"] == 1.0 and metrics["step_skipped"] == 1.0
+        assert_unchanged(trainer, before)
+        h, z, targets, weights = direct_batch(critic, seed=3)
+        metrics = to_np(trainer.train_step(h, z, targets, weights))
+        assert metrics["invalid_inputs"] == 0.0 and metrics["step_skipped"] == 0.0
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
 def test_a_good_step_is_not_skipped_and_moves_everything():
     critic, trainer = trained()
     before = state(trainer)
