@@ -377,9 +377,10 @@ class CriticTrainer:
 
     def _invalid_states(self, fast, h, z):
         """1.0 when the states `h`, `z` hold a non-finite value, else 0.0 (such states are no data to learn
-        from). A critic whose MLP does not clip its inputs (`MLP.clips_inputs`) gives (with its finite weights) a
-        non-finite value exactly for such a state, so the check sums its fast values (`[N]`, computed anyway) instead of the
-        states (`[N, gru_units]` and `[N, cats, classes]`); clipping critics check the states themselves."""
+        from). A critic whose MLP does not clip its inputs (`MLP.clips_inputs`) gives, with its finite
+        weights, a non-finite value exactly for such a state: the check sums its fast values (`[N]`, computed
+        anyway) instead of the states (`[N, gru_units]`, `[N, cats, classes]`). Clipping critics sum the
+        states themselves."""
         critics = self._critics()
         if not any(c.mlp.clips_inputs for c in critics.values()):
             return _nonfinite(fast[next(iter(critics))][0])
