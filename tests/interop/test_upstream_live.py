@@ -52,7 +52,11 @@ def test_goldens_are_what_upstream_computes(live):
     assert sorted(k for k in case) == sorted(k for k in committed if k != "versions")
     for key, value in case.items():
         if key != "meta":
-            np.testing.assert_allclose(value, committed[key], rtol=1e-6, atol=1e-7, err_msg=key)
+            # Float32 sums of the upstream code on another CPU type (another SIMD width, another order):
+            # measured up to 1.4e-6 of an array's largest entry between two machines; a change of the math
+            # moves them by far more.
+            scale = float(np.abs(committed[key]).max())
+            np.testing.assert_allclose(value, committed[key], rtol=1e-5, atol=1e-5 * scale, err_msg=key)
 
 
 def test_live_forward_loss_slow_update_and_round_trip(live):
