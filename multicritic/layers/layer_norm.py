@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from multicritic import backend
+from multicritic.layers.row_scale import row_scale
 
 # Rows whose variance overflows float32 are normalised through
 # `centered * 2^-64`, whose variance cannot (2^-128 times the plain one).
@@ -62,9 +63,7 @@ def _inv_std(centered, variance, epsilon):
 def _fused_norm(x, gamma, beta, epsilon, center):
     """`layer_norm` through Keras's one-kernel ops; rows past `_FUSED_LIMIT` are scaled down to it first
     (exactly 1 for the others), which changes their output only through epsilon, which their variance dwarfs."""
-    # `limit / peak` is above 1 for every row within the limit (infinite for a zero row), so the factor is 1.
-    peak = ops.amax(ops.abs(x), axis=-1, keepdims=True)
-    x = x * ops.stop_gradient(ops.minimum(_FUSED_LIMIT / peak, 1.0))
+    x = x * row_scale(x, _FUSED_LIMIT)
     # Per-feature gamma and beta go into the kernel; an ensemble's per-member ones (and Python numbers) after it.
     scale, offset = _per_feature(gamma), (_per_feature(beta) if center else None)
     y = ops.layer_normalization(x, scale, offset, epsilon=epsilon) if center else ops.rms_normalization(

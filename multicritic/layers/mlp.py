@@ -13,6 +13,7 @@ from multicritic import backend
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.initializers import MemberwiseInitializer
 from multicritic.layers.layer_norm import LayerNormalization
+from multicritic.layers.row_scale import row_scale
 from multicritic.sizes import get_model_dims
 from multicritic.validation import number
 
@@ -32,13 +33,6 @@ _FLOAT16_MAX = 65504.0
 _FLOAT16_ROW_LIMIT = 2.0**8
 
 
-def _row_scale(x, limit):
-    """Per row, `limit / max(limit, max |x|)`: exactly 1 for rows within `limit`."""
-    peak = ops.maximum(ops.amax(x, axis=-1, keepdims=True), -ops.amin(x, axis=-1, keepdims=True))
-    peak = ops.cast(peak, "float32")
-    return ops.cast(ops.stop_gradient(limit / (limit + ops.relu(peak - limit))), x.dtype)
-
-
 def _fit_float16(x):
     # Under float16 (largest value 65504) Keras's cast turns larger inputs
     # into inf, and a row of inputs above ~1e3 overflows the first Dense.
@@ -46,7 +40,7 @@ def _fit_float16(x):
     # scaled down to it: the LayerNorm after the Dense ignores a row's scale
     # but for epsilon.
     x = ops.clip(x, -_FLOAT16_MAX, _FLOAT16_MAX)  # (NaN stays NaN; exporters take a clip, not an isinf)
-    return x * _row_scale(x, _FLOAT16_ROW_LIMIT)
+    return x * row_scale(x, _FLOAT16_ROW_LIMIT)
 
 
 def _first_dense(dense, parts, scale, on_kernel):
