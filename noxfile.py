@@ -40,7 +40,8 @@ def _make_session(name: str, spec: dict):
             f"sys.exit(0 if b == {spec['backend']!r} else 'wrong backend: ' + b)",
             env=env,
         )
-        s.run("pytest", *_flat(spec.get("pytest_args", [])), *s.posargs, env=env)
+        args = [*_flat(common.get("pytest_args", [])), *_flat(spec.get("pytest_args", []))]
+        s.run("pytest", *args, *s.posargs, env=env)
 
     session.__name__ = name.replace("-", "_")
     session.__doc__ = f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(_flat(spec['packages']))})."
