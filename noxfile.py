@@ -30,6 +30,7 @@ def _make_session(name: str, spec: dict):
     def session(s: nox.Session) -> None:
         common = MATRIX.get("common", {})
         env = {**common.get("env", {}), **spec.get("env", {}), "KERAS_BACKEND": spec["backend"]}
+        env = {k: str(v).replace("{venv}", str(s.virtualenv.location)) for k, v in env.items()}
         s.install(*_flat(common.get("packages", [])), *_flat(spec["packages"]))
         s.install("-e", ".[test]")
         # Fail early if Keras does not really run on this session's backend.

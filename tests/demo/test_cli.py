@@ -234,7 +234,7 @@ def test_backend_flag_wins_over_an_uninstalled_keras_backend(blocking, tmp_path)
     assert json.loads(out.read_text())["backend"] == BACKEND
 
 
-def test_check_passes_and_detects_a_perturbed_backend():
+def test_check_passes_on_this_backend():
     ok = run_cli("check", "--backends", BACKEND)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     for config in ("two_hot", "hl_gauss", "mse", "ensemble"):
@@ -244,10 +244,8 @@ def test_check_passes_and_detects_a_perturbed_backend():
         assert float(cells[1]) <= 1e-5 and cells[2:10] == ["n/a"] * 8, row
         assert cells[10:] == ["ok", "(one", "backend:", "compiled", "only)"], row
     assert "NOT compared across backends" in ok.stdout
-    # One backend: what it can check is its compiled forward pass against its eager one.
-    bad = run_cli("check", "--backends", BACKEND, "--perturb", f"{BACKEND}:compiled")
-    assert bad.returncode == 1
-    assert "MISMATCH" in bad.stdout
+    # That a perturbed compiled path fails the check: tests/test_check.py (in process), and through this CLI
+    # across real backends in the cross-backend session.
 
 
 @pytest.mark.cross_backend
