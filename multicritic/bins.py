@@ -49,7 +49,7 @@ import numpy as np
 from keras import ops
 
 from multicritic import backend
-from multicritic.validation import as_float32, fmt, integer
+from multicritic.validation import as_float32, cast_to, fmt, integer
 
 BIN_SCHEMES = ("uniform_symlog", "symexp")
 
@@ -369,7 +369,7 @@ def expected_value(
     """
     check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
     args = (int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
-    probs = ops.cast(probs, "float32")
+    probs = cast_to(probs, "float32")
     pairs = _decode_table(*args)
     if pairs is None:
         mean = ops.sum(probs * _constant(_bucket_table(*args)), axis=-1)

@@ -14,7 +14,7 @@ from multicritic.layers.dispatch import call_layer
 from multicritic.layers.mlp import MLP
 from multicritic.sizes import get_model_dims
 from multicritic.keras_training import KerasTraining
-from multicritic.validation import compatible, integer, number, real_tensor
+from multicritic.validation import cast_to, compatible, integer, number, real_tensor
 
 AGGREGATIONS = ("mean", "min", "min_of_random", "members")
 # The order of the two parts of the state: RLlib, TorchRL and the official code concatenate h first;
@@ -444,9 +444,9 @@ class CriticNetwork(KerasTraining, keras.Model):
 
     def call(self, h, z=None, use_ema=False):
         h, z = _pair(h, z)
-        h = ops.cast(h, self.compute_dtype)
+        h = cast_to(h, self.compute_dtype)
         self._check_inputs(h.shape, z.shape)
-        z = ops.reshape(ops.cast(z, h.dtype), (-1, self.num_z_categoricals * self.num_z_classes))
+        z = ops.reshape(cast_to(z, keras.backend.standardize_dtype(h.dtype)), (-1, self.num_z_categoricals * self.num_z_classes))
         # The parts in the latent's order, not concatenated: the first Dense takes each by its rows.
         return self._forward([h, z] if self.input_layout == "h_z" else [z, h], use_ema)
 
@@ -618,7 +618,7 @@ class CriticNetwork(KerasTraining, keras.Model):
                     return
                 decay = 0.0 if step == 0 else decay
         pairs = [(f, e) for f, e in self.ema_pairs("update_ema") if f.trainable or "float" in str(f.dtype)]
-        backend_lib.current().blend([e for _, e in pairs], [ops.stop_gradient(f.value) for f, _ in pairs],
+        backend_lib.current().blend([e for _, e in pairs], [f.value for f, _ in pairs],
                                     self.ema_decay if decay is None else decay)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):

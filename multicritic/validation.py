@@ -18,6 +18,14 @@ def as_float32(x):
     return x if keras.backend.standardize_dtype(x.dtype) == "float32" else ops.cast(x, "float32")
 
 
+def cast_to(x, dtype: str):
+    """`ops.cast(x, dtype)`, except that a backend tensor already of `dtype` is returned as it is (no Keras op:
+    see `as_float32`)."""
+    if ops.is_tensor(x) and keras.backend.standardize_dtype(x.dtype) == dtype:
+        return x
+    return ops.cast(x, dtype)
+
+
 def shape_of(x) -> Tuple[Optional[int], ...]:
     return tuple(None if d is None else int(d) for d in x.shape)
 

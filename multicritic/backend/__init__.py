@@ -134,7 +134,9 @@ class Backend(abc.ABC):
         return [t * factor for t in tensors]
 
     def blend(self, variables: Sequence, values: Sequence, decay) -> None:
-        """`v <- decay * v + (1 - decay) * x` for each variable `v` and value `x` (the EMA update)."""
+        """`v <- decay * v + (1 - decay) * x` for each variable `v` and value `x` (the EMA update), no gradient
+        flowing from `x`."""
+        values = [ops.stop_gradient(x) for x in values]
         for v, new in zip(variables, self.blended([v.value for v in variables], values, decay)):
             v.assign(new)
 

@@ -32,6 +32,7 @@ def _distributed() -> bool:
 
 
 _SATURATED = {}
+_CONSTANTS = {}
 # Kernel placements with a fused Adam in PyTorch.
 _FUSED_DEVICES = ("cpu", "cuda")
 
@@ -146,7 +147,13 @@ class TorchBackend(Backend):
         # `torch.compile` cannot trace numpy: inside it, the Python floats.
         if torch.compiler.is_compiling():
             return torch.tensor(list(values), dtype=torch.float32)
-        return super().constant(values)
+        # Eager: one tensor per table and device, made once (a new one per use cost a tensor's construction
+        # and copy a few times per step). Nothing writes into these.
+        key = (id(values), keras_torch.get_device())
+        tensor = _CONSTANTS.get(key)
+        if tensor is None:
+            tensor = _CONSTANTS[key] = super().constant(values)
+        return tensor
 
     def device_scope(self, x):
         want, have = getattr(x, "device", None), torch.device(keras_torch.get_device())

@@ -10,6 +10,7 @@ from keras import ops
 from multicritic.bins import bucket_values, check_bin_args, expected_value
 from multicritic.layers.mlp import dense_layer
 from multicritic.layers.dispatch import call_layer
+from multicritic.validation import cast_to
 
 
 class ValueHead(keras.layers.Layer):
@@ -88,7 +89,7 @@ class ValueHead(keras.layers.Layer):
         self.reward_buckets_layer.build(tuple(input_shape))
 
     def call(self, inputs):
-        logits = ops.cast(call_layer(self.reward_buckets_layer, inputs), "float32")
+        logits = cast_to(call_layer(self.reward_buckets_layer, inputs), "float32")
         return self.decode(logits, self.num_buckets, self.lower_bound, self.upper_bound, self.bin_scheme), logits
 
     @staticmethod

@@ -9,6 +9,7 @@ from keras import ops
 
 from multicritic import backend
 from multicritic.layers.row_scale import row_scale
+from multicritic.validation import cast_to
 
 # Rows whose variance overflows float32 are normalised through
 # `centered * 2^-64`, whose variance cannot (2^-128 times the plain one).
@@ -152,7 +153,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
             middle = (1,) * (len(inputs.shape) - 2)
             gamma = ops.reshape(gamma, (self.members,) + middle + (-1,)) if self.gamma is not None else gamma
             beta = ops.reshape(beta, (self.members,) + middle + (-1,)) if self.beta is not None else beta
-        return ops.cast(
+        return cast_to(
             layer_norm(inputs, gamma, beta, self.epsilon * input_scale**2, center=not self.rms),
             self.compute_dtype,
         )

@@ -542,6 +542,7 @@ class CriticTrainer:
         so that it lowers its scale (and skips its own update).
         """
         critic = self.critic
+        trainable = critic.trainable_variables  # (each read walks the critic's layers)
         grads = [as_float32(g) for g in grads]
         scale = self._loss_scale()
         backend = self._backend
@@ -562,7 +563,7 @@ class CriticTrainer:
         period = self.ema_update_period
 
         def optimizer_step():
-            backend.apply_gradients(self.optimizer, grads, critic.trainable_variables)
+            backend.apply_gradients(self.optimizer, grads, trainable)
 
         def bookkeeping():
             if self._own_counter:  # else the optimizer has counted the step
@@ -579,7 +580,7 @@ class CriticTrainer:
                     due = ops.equal((self.steps - (1 if self.ema_update_first else 0)) % period, 0)
                     member.update_ema(decay=ops.where(due, member.ema_decay, 1.0))
 
-        optimizer_state = list(critic.trainable_variables) + list(self.optimizer.variables)
+        optimizer_state = list(trainable) + list(self.optimizer.variables)
         bookkeeping_state = [self.steps] + list(critic.non_trainable_variables)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             backend.update_if(inputs_ok, optimizer_step, optimizer_state)

@@ -180,3 +180,27 @@ def test_torch_update_if_compiles_to_one_graph_without_a_host_sync():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(v.value), [0.0, 1.0, 2.0])
     compiled(torch.tensor(True))
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(v.value), [1.0, 3.0, 5.0])
+
+
+def test_constant_is_its_table_in_float32_made_once_per_device_on_eager_pytorch():
+    import numpy as np
+
+    current = backend.current()
+    table = (0.1, -2.5, 3.0e38)
+    got = current.constant(table)
+    assert keras.backend.standardize_dtype(got.dtype) == "float32"
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got), np.asarray(table, np.float32))
+    if current.name == "torch":
+        assert current.constant(table) is got  # no new tensor per use in an eager step
+
+
+def test_blend_from_trainable_values_leaves_no_gradient_history():
+    import numpy as np
+
+    current = backend.current()
+    fast = keras.Variable(np.full((3, 2), 2.0, "float32"), trainable=True)
+    ema = keras.Variable(np.zeros((3, 2), "float32"), trainable=False)
+    current.blend([ema], [fast.value], 0.75)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(ema.value), np.full((3, 2), 0.5, "float32"))
+    if current.name == "torch":
+        assert ema.value.grad_fn is None and not ema.value.requires_grad
