@@ -148,11 +148,14 @@ class TorchBackend(Backend):
         if torch.compiler.is_compiling():
             return torch.tensor(list(values), dtype=torch.float32)
         # Eager: one tensor per table and device, made once (a new one per use cost a tensor's construction
-        # and copy a few times per step). Nothing writes into these.
+        # and copy a few times per step). Nothing writes into these. Made outside inference mode: a first
+        # use under `torch.inference_mode()` would otherwise cache an inference tensor, which autograd
+        # refuses to save in a later train step.
         key = (id(values), keras_torch.get_device())
         tensor = _CONSTANTS.get(key)
         if tensor is None:
-            tensor = _CONSTANTS[key] = super().constant(values)
+            with torch.inference_mode(False):
+                tensor = _CONSTANTS[key] = super().constant(values)
         return tensor
 
     def device_scope(self, x):

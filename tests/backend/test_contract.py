@@ -204,3 +204,21 @@ def test_blend_from_trainable_values_leaves_no_gradient_history():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(ema.value), np.full((3, 2), 0.5, "float32"))
     if current.name == "torch":
         assert ema.value.grad_fn is None and not ema.value.requires_grad
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's inference mode")
+@pytest.mark.parametrize("bin_scheme", ["uniform_symlog", "symexp"])
+def test_a_first_forward_in_inference_mode_does_not_break_later_training(monkeypatch, bin_scheme):
+    import numpy as np
+    import torch
+
+    import multicritic.backend.torch as torch_backend
+    from multicritic import CriticNetwork, CriticTrainer
+
+    monkeypatch.setattr(torch_backend, "_CONSTANTS", {})  # the tables are first made below
+    critic = CriticNetwork(model_size="nano", bin_scheme=bin_scheme)
+    h, z = np.zeros((4, 16), "float32"), np.zeros((4, 4, 4), "float32")
+    with torch.inference_mode():
+        critic(h, z)
+    metrics = CriticTrainer(critic).train_step(h, z, np.ones(4, "float32"), np.ones(4, "float32"))
+    assert np.isfinite(float(metrics["total"])) and float(metrics["step_skipped"]) == 0.0
