@@ -446,8 +446,7 @@ class CriticNetwork(KerasTraining, keras.Model):
         h, z = _pair(h, z)
         h = cast_to(h, self.compute_dtype)
         self._check_inputs(h.shape, z.shape)
-        z = cast_to(z, keras.backend.standardize_dtype(h.dtype))
-        z = ops.reshape(z, (-1, self.num_z_categoricals * self.num_z_classes))
+        z = ops.reshape(cast_to(z, self.compute_dtype), (-1, self.num_z_categoricals * self.num_z_classes))
         # The parts in the latent's order, not concatenated: the first Dense takes each by its rows.
         return self._forward([h, z] if self.input_layout == "h_z" else [z, h], use_ema)
 

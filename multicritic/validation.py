@@ -11,16 +11,13 @@ from keras import ops
 
 
 def as_float32(x):
-    """`x` as a float32 backend tensor. A float32 tensor is returned as it is,
-    without a Keras op: on eager PyTorch each op call costs tens of µs."""
-    if not ops.is_tensor(x):
-        x = ops.convert_to_tensor(x)
-    return x if keras.backend.standardize_dtype(x.dtype) == "float32" else ops.cast(x, "float32")
+    """`x` as a float32 backend tensor; a float32 tensor is returned as it is (see `cast_to`)."""
+    return cast_to(x if ops.is_tensor(x) else ops.convert_to_tensor(x), "float32")
 
 
 def cast_to(x, dtype: str):
-    """`ops.cast(x, dtype)`, except that a backend tensor already of `dtype` is returned as it is (no Keras op:
-    see `as_float32`)."""
+    """`ops.cast(x, dtype)`, except that a backend tensor already of `dtype` is returned as it is, without a
+    Keras op: on eager PyTorch each op call costs tens of µs."""
     if ops.is_tensor(x) and keras.backend.standardize_dtype(x.dtype) == dtype:
         return x
     return ops.cast(x, dtype)
