@@ -84,8 +84,7 @@ class Backend(abc.ABC):
     # Normalisations as one kernel each (Keras's `ops.layer_normalization` / `ops.rms_normalization`): eager
     # PyTorch has fused kernels for them; XLA fuses the written-out formula into fewer passes than Keras's.
     fused_norms: bool = False
-    # A large batch's first Dense as one matmul per input part (`h`, `z`) without their concatenation (XLA,
-    # eager PyTorch); TensorFlow's graph runs the concatenation and one matmul faster.
+    # A large batch's first Dense as one matmul per input part (`h`, `z`) without their concatenation.
     split_first_layer: bool = True
     # The first Dense's overflow scale goes on its kernel from `units` rows on (each pass costs what it reads, and
     # the split saves the input's concatenation too: eager PyTorch), not from `in` rows (XLA folds the input's
@@ -113,6 +112,11 @@ class Backend(abc.ABC):
         if array is None:
             array = _ARRAYS[id(values)] = np.asarray(values, np.float32)
         return ops.convert_to_tensor(array)
+
+    def take_along_last_axis(self, x, indices):
+        """`ops.take_along_axis(x, indices, axis=-1)` for `x [..., n]` and int32 `indices [..., m]` in range
+        (the two-hot loss's picks from the log-probabilities)."""
+        return ops.take_along_axis(x, indices, axis=-1)
 
     def detached(self, x):
         """`x` cut from any gradient computation it takes part in (`ops.stop_gradient`)."""

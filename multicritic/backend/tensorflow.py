@@ -64,8 +64,18 @@ def _distributed_train_function(program: StepProgram, batch_axis, strategy):
 
 class TensorFlowBackend(Backend):
     name = "tensorflow"
-    split_first_layer = False
     lazy_fallbacks = True
+
+    def global_norm(self, tensors):
+        # `tf.clip_by_global_norm`'s norm (the reference's clipping): one fused `l2_loss` pass per tensor, where
+        # `sum(t * t)` is a square and a sum.
+        return tf.linalg.global_norm(list(tensors))
+
+    def take_along_last_axis(self, x, indices):
+        # One batched gather: Keras's `take_along_axis` first broadcasts `x` to the indices' leading shape, a
+        # copy of it (and a reduction in the gradient) when the batch size is open, as in the trainer's steps.
+        x = tf.convert_to_tensor(x)
+        return tf.gather(x, tf.convert_to_tensor(indices), batch_dims=x.shape.rank - 1)
 
     def update_if(self, ok, update, variables):
         """A `tf.cond`: the update's assignments run only in the taken branch."""

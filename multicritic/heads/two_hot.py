@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from multicritic import backend
 from multicritic.bins import inverse_symlog, symlog, two_hot_indices
 from multicritic.heads.base import ValueHead, cross_entropy
 
@@ -71,7 +72,7 @@ class RewardPredictorLayer(ValueHead):
         # Gathering the two non-zero buckets per target is the reference's
         # dense `sum(logp * two_hot)` exactly (the other terms are zeros) at
         # a fraction of the memory traffic.
-        picked = ops.take_along_axis(logp, ops.concatenate([k, kp1], axis=-1), axis=-1) * ops.concatenate(
+        picked = backend.current().take_along_last_axis(logp, ops.concatenate([k, kp1], axis=-1)) * ops.concatenate(
             [w_k, w_kp1], axis=-1
         )
         width = k.shape[-1]

@@ -222,3 +222,28 @@ def test_a_first_forward_in_inference_mode_does_not_break_later_training(monkeyp
         critic(h, z)
     metrics = CriticTrainer(critic).train_step(h, z, np.ones(4, "float32"), np.ones(4, "float32"))
     assert np.isfinite(float(metrics["total"])) and float(metrics["step_skipped"]) == 0.0
+
+
+@pytest.mark.parametrize("lead", [(5,), (2, 3), (2, 2, 3)])
+def test_take_along_last_axis_is_numpys_with_a_scatter_gradient(lead):
+    import numpy as np
+
+    from tests.conftest import compiled, grads_of, to_np
+
+    current = backend.current()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=lead + (7,)).astype("float32")
+    indices = rng.integers(0, 7, size=lead + (4,)).astype("int32")
+    weights = rng.normal(size=lead + (4,)).astype("float32")
+    want = np.take_along_axis(x, indices, axis=-1)
+    np.testing.assert_array_equal(to_np(current.take_along_last_axis(x, indices)), want)
+    fn = compiled(lambda a, i: current.take_along_last_axis(a, i))
+    np.testing.assert_array_equal(to_np(fn(keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(indices))), want)
+    # d sum(w * picked) / dx: each pick's weight added at its position (repeats add up).
+    w = keras.ops.convert_to_tensor(weights)
+    grad = grads_of(lambda a: keras.ops.sum(current.take_along_last_axis(a, indices) * w), x)[0]
+    expected = np.zeros_like(x)
+    for pos in np.ndindex(*lead):
+        for j in range(4):
+            expected[pos + (indices[pos + (j,)],)] += weights[pos + (j,)]
+    np.testing.assert_allclose(to_np(grad), expected, rtol=1e-6, atol=1e-6)
