@@ -84,8 +84,6 @@ class Backend(abc.ABC):
     # Normalisations as one kernel each (Keras's `ops.layer_normalization` / `ops.rms_normalization`): eager
     # PyTorch has fused kernels for them; XLA fuses the written-out formula into fewer passes than Keras's.
     fused_norms: bool = False
-    # A large batch's first Dense as one matmul per input part (`h`, `z`) without their concatenation.
-    split_first_layer: bool = True
     # The first Dense's overflow scale goes on its kernel from `units` rows on (each pass costs what it reads, and
     # the split saves the input's concatenation too: eager PyTorch), not from `in` rows (XLA folds the input's
     # scale and concatenation into the matmul's operand; TensorFlow's graph measured so too).

@@ -251,16 +251,16 @@ class MLP(keras.layers.Layer):
         scale = 1.0 if self.clips_inputs else _FIRST_INPUT_SCALE
         # The scale goes where it costs less: on the input `[rows, in]` or on the kernel `[in, units]` (forward
         # and backward), from the backend's number of rows on (`Backend.kernel_scale_from_units`). On the
-        # kernel, each part can meet its own rows (no concatenation) where the backend splits the first layer.
-        # (A symbolic batch, as in an export's trace, counts as large.)
+        # kernel, each part meets its own rows (no concatenation) on every backend. (A symbolic batch, as in an
+        # export's trace, counts as large.)
         lead = parts[0].shape[:-1]
         rows = math.prod(lead) if all(type(d) is int for d in lead) else None
         current = backend.current()
-        split = len(parts) > 1 and current.split_first_layer
+        split = len(parts) > 1
         enough = (self.dense_hidden_units * (self.members or 1) if split and current.kernel_scale_from_units
                   else sum(int(p.shape[-1]) for p in parts))
         on_kernel = scale != 1.0 and (rows is None or rows >= enough)
-        if len(parts) > 1 and not (on_kernel and split):
+        if split and not on_kernel:
             parts = [ops.concatenate(parts, axis=-1)]
         if self._float16:
             x = _fit_float16(parts[0])
