@@ -1,12 +1,17 @@
 """One nox session per entry of backends_matrix.yaml, each running the same test-suite.
 
 `nox` runs them all; `nox -s torch` one; `nox -s jax -- -k two_hot` passes
-arguments to pytest.
+arguments to pytest. Each session's virtualenv is deleted when the session
+ends (five of them hold a backend each, several GB together, and a CI disk
+ran out while the sixth installed); `MULTICRITIC_KEEP_VENVS=1` keeps them
+under `.nox/` to rerun a test by hand.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
 
 import nox
 import yaml
@@ -16,6 +21,7 @@ MATRIX = yaml.safe_load((ROOT / "backends_matrix.yaml").read_text())
 
 nox.options.default_venv_backend = "virtualenv"  # pip-based: see backends_matrix.yaml
 nox.options.reuse_existing_virtualenvs = False
+KEEP_VENVS = os.environ.get("MULTICRITIC_KEEP_VENVS", "") not in ("", "0")
 
 
 def _flat(items):
@@ -28,6 +34,13 @@ def _flat(items):
 
 def _make_session(name: str, spec: dict):
     def session(s: nox.Session) -> None:
+        try:
+            _run_suite(s)
+        finally:
+            if not KEEP_VENVS and not spec.get("no_venv"):
+                shutil.rmtree(s.virtualenv.location, ignore_errors=True)
+
+    def _run_suite(s: nox.Session) -> None:
         common = MATRIX.get("common", {})
         env = {**common.get("env", {}), **spec.get("env", {}), "KERAS_BACKEND": spec["backend"]}
         env = {k: str(v).replace("{venv}", str(s.virtualenv.location)) for k, v in env.items()}
