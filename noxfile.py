@@ -2,9 +2,8 @@
 
 `nox` runs them all; `nox -s torch` one; `nox -s jax -- -k two_hot` passes
 arguments to pytest. Each session's virtualenv is deleted when the session
-ends (five of them hold a backend each, several GB together, and a CI disk
-ran out while the sixth installed); `MULTICRITIC_KEEP_VENVS=1` keeps them
-under `.nox/` to rerun a test by hand.
+ends, so the disk holds one session's packages at a time;
+`MULTICRITIC_KEEP_VENVS=1` keeps them under `.nox/` to rerun a test by hand.
 """
 
 from __future__ import annotations
