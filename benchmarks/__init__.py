@@ -12,7 +12,7 @@ def variants(native):
 
 def options_for(native, batch):
     """The `make_step` keywords of a native module's fastest variant for `batch`: its `FASTEST` entry
-    (`{measured batch: variant}`, from `benchmarks/baseline_variants.py`) at the batch nearest `batch` (log
+    (`{measured batch: variant}`, from `benchmarks/ours/baseline_variants.py`) at the batch nearest `batch` (log
     scale)."""
     table = native.FASTEST
     return dict(table[min(table, key=lambda measured: abs(math.log(measured / batch)))])

@@ -1,0 +1,432 @@
+"""Renders the documentation's performance and accuracy tables from the result files in `benchmarks/results/`.
+
+A generated table sits in a Markdown page (README.md, docs/**/*.md) between two markers: the opening one
+names the table's renderer, its result file(s) and options,
+
+    <!-- table: train_step results_train_step_latest.json -->
+    | backend | ... |
+    <!-- /table -->
+
+and everything between them is this script's output. Pages are never edited by hand between the markers:
+
+    python benchmarks/render_tables.py            # rewrite every generated table from its file
+    python benchmarks/render_tables.py --check    # list the tables that differ from their files (exit 1)
+
+`tests/docs/test_tables.py` runs the check. To add a table: put the markers in a page, naming an existing
+renderer with a new file (`<!-- table: train_step results_train_step_compiled.json backends=torch -->`; the
+option `part=NAME` takes one part of a merged file such as `results_gpu.json`), or
+register a new renderer below (a function of the loaded JSON files and the marker's `key=value` options,
+returning the table's Markdown lines), then run the script.
+
+Only the standard library is used, so the check runs in every test session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+from typing import Callable, Dict, List
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = ("README.md", "docs/**/*.md")
+
+MARKER = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
+
+RENDERERS: Dict[str, Callable[..., List[str]]] = {}
+
+
+def table(name: str, files: bool = True):
+    """Registers a renderer under `name`: `fn(files: list of loaded JSON, **options: str) -> Markdown lines`
+    (`files=False`: a table of the source tree, whose marker names no result file)."""
+
+    def register(fn):
+        RENDERERS[name] = fn
+        fn.needs_files = files
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------- helpers
+
+SIZES = ("nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL")
+BACKENDS = ("jax", "tensorflow", "torch")
+
+
+def _ints(text: str | None):
+    return None if text is None else [int(x) for x in text.split(",")]
+
+
+def _names(text: str | None):
+    return None if text is None else text.split(",")
+
+
+def _pairs(records, key="impl"):
+    """`{(backend, size, batch): {impl: record}}` and `{backend: matmul peak GFLOP/s}` of a timing file."""
+    peaks = {r["backend"]: r["gflops"] for r in records if r.get(key) == "matmul_peak"}
+    rows: Dict[tuple, dict] = {}
+    for r in records:
+        if r.get(key) != "matmul_peak":
+            rows.setdefault((r["backend"], r["size"], r["batch"]), {})[r[key]] = r
+    return rows, peaks
+
+
+def _ratio(x: float) -> str:
+    """A speed ratio (> 1: ours is faster), bold when ours is at least as fast."""
+    text = f"{x:.2f}"
+    return f"**{text}**" if x >= 1.0 or text == "1.00" else text
+
+
+def _peaks_line(peaks: dict, backends) -> str:
+    shown = ", ".join(f"{b} {peaks[b]:.0f}" for b in backends if b in peaks)
+    return f"Float32 matmul peak measured in the same run (GFLOP/s): {shown}."
+
+
+# ---------------------------------------------------------------- renderers
+
+
+@table("train_step")
+def train_step(files, backends=None, batches=None, ours="multicritic", native="native"):
+    """One row per backend and batch: both steps' times, native time / ours, utilisation of the backend's peak."""
+    rows, peaks = _pairs(files[0])
+    backends, batches = _names(backends), _ints(batches)
+    lines = ["| backend | size | batch | multicritic ms | native ms | native time / ours | multicritic util | "
+             "native util |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    shown = []
+    for (backend, size, batch), impls in sorted(rows.items()):
+        if (backends and backend not in backends) or (batches and batch not in batches):
+            continue
+        if ours not in impls or native not in impls:
+            continue
+        a, b = impls[ours], impls[native]
+        shown.append(backend)
+        lines.append(f"| {backend} | {size} | {batch} | {a['step_ms']:.2f} | {b['step_ms']:.2f} | "
+                     f"{_ratio(b['step_ms'] / a['step_ms'])} | {100 * a['utilization']:.0f}% | "
+                     f"{100 * b['utilization']:.0f}% |")
+    return lines + ["", _peaks_line(peaks, sorted(set(shown)))]
+
+
+@table("train_step_ratios")
+def train_step_ratios(files, ours="multicritic", native="native"):
+    """Compact: native time / ours, one row per backend, one column per batch."""
+    rows, _ = _pairs(files[0])
+    batches = sorted({batch for (_, _, batch) in rows})
+    lines = ["| backend | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---:|" * len(batches)]
+    for backend in BACKENDS:
+        cells = []
+        for batch in batches:
+            impls = next((i for (be, _, ba), i in rows.items() if be == backend and ba == batch), {})
+            cells.append(_ratio(impls[native]["step_ms"] / impls[ours]["step_ms"])
+                         if ours in impls and native in impls else "–")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {backend} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@table("sweep")
+def sweep(files):
+    """Batch sweep at XS, then model sizes: per backend ours / native ms, the ratio and our utilisation."""
+    rows, peaks = _pairs(files[0])
+    backends = sorted({b for (b, _, _) in rows})
+    keys = sorted({(size, batch) for (_, size, batch) in rows},
+                  key=lambda k: (k[0] != "XS", SIZES.index(k[0]), k[1]))
+    lines = ["| size | batch | " + " | ".join(f"{b}: ours / native ms, native / ours, util" for b in backends) + " |",
+             "|---|---:|" + "---:|" * len(backends)]
+    for size, batch in keys:
+        cells = []
+        for backend in backends:
+            impls = rows.get((backend, size, batch), {})
+            if "multicritic" in impls and "native" in impls:
+                a, b = impls["multicritic"], impls["native"]
+                cells.append(f"{a['step_ms']:.2f} / {b['step_ms']:.2f}, {_ratio(b['step_ms'] / a['step_ms'])}, "
+                             f"{100 * a['utilization']:.0f}%")
+            else:
+                cells.append("–")
+        lines.append(f"| {size} | {batch} | " + " | ".join(cells) + " |")
+    return lines + ["", _peaks_line(peaks, backends)]
+
+
+@table("step_memory")
+def step_memory(files):
+    """Peak memory of one step: ours / native MiB and their ratio, per backend and batch."""
+    rows, _ = _pairs(files[0])
+    batches = sorted({batch for (_, _, batch) in rows})
+    lines = ["| backend | " + " | ".join(f"batch {b}: ours / native MiB | ratio" for b in batches) + " |",
+             "|---|" + "---:|---:|" * len(batches)]
+    for backend in sorted({b for (b, _, _) in rows}):
+        cells = []
+        for batch in batches:
+            impls = next((i for (be, _, ba), i in rows.items() if be == backend and ba == batch), {})
+            a, b = impls["multicritic"]["step_mib"], impls["native"]["step_mib"]
+            cells.append(f"{a:.1f} / {b:.1f} | {a / b:.2f}")
+        lines.append(f"| {backend} | " + " | ".join(cells) + " |")
+    return lines
+
+
+PEER_LABELS = {
+    "official": "official DreamerV3 (JAX)",
+    "sheeprl": "sheeprl (PyTorch)",
+    "rllib": "RLlib (PyTorch)",
+    "torchrl": "TorchRL (PyTorch)",
+}
+
+
+@table("peers")
+def peers(files):
+    """Each peer's shipped critic update against ours: peer time / ours (> 1: ours is faster) and both times."""
+    records = [r for f in files for r in f]
+    batches = sorted({r["batch"] for r in records})
+    order = list(dict.fromkeys(r["peer"] for r in records))
+    lines = ["| peer | " + " | ".join(f"batch {b}: peer / ours (ms)" for b in batches) + " |",
+             "|---|" + "---:|" * len(batches)]
+    for peer in order:
+        cells = []
+        for batch in batches:
+            r = next((r for r in records if r["peer"] == peer and r["batch"] == batch), None)
+            cells.append("–" if r is None else
+                         f"{_ratio(r['peer_ms'] / r['multicritic_ms'])} ({r['peer_ms']:.2f} / {r['multicritic_ms']:.2f})")
+        lines.append(f"| {PEER_LABELS.get(peer, peer)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@table("ensemble")
+def ensemble(files):
+    """K-member ensemble step against one critic, a loop of K critics and a native vectorised ensemble."""
+    rows, _ = _pairs(files[0])
+    lines = ["| backend | batch | single ms | K ms | loop of K ms | native K ms | K / single | loop / single | "
+             "ours / native |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (backend, size, batch), r in sorted(rows.items()):
+        if not {"single", "ensemble", "loop", "native"} <= set(r):
+            continue
+        ms = {k: r[k]["step_ms"] for k in ("single", "ensemble", "loop", "native")}
+        k = r["ensemble"]["members"]
+        lines.append(f"| {backend} | {batch} | {ms['single']:.1f} | {ms['ensemble']:.1f} | {ms['loop']:.1f} | "
+                     f"{ms['native']:.1f} | {ms['ensemble'] / ms['single']:.2f} | {ms['loop'] / ms['single']:.2f} | "
+                     f"{ms['ensemble'] / ms['native']:.2f} |")
+    members = sorted({r["ensemble"]["members"] for r in rows.values() if "ensemble" in r})
+    return lines + ["", f"K = {', '.join(map(str, members))} members; size {', '.join(sorted({s for _, s, _ in rows}))}."]
+
+
+def _head_label(run):
+    c = run["config"]
+    bins = "n/a (no buckets)" if c["head"] == "mse" else c["bin_scheme"]
+    return f"{c['head']} | {c['ensemble']} | {bins}" + ("" if run.get("main_table", True) else " (control)")
+
+
+@table("demo_heads")
+def demo_heads(files, seconds="yes"):
+    """The demo's relative RMSE per value head and ensemble size, at each reward scale."""
+    runs = files[0]["runs"]
+    scales = [s["reward_scale"] for s in runs[0]["scales"]]
+    show_seconds = seconds == "yes"
+    lines = ["| head | ensemble | bins | " + " | ".join(f"rel. RMSE @ {s:g}" for s in scales)
+             + (" | seconds (all scales) |" if show_seconds else " |"),
+             "|---|---:|---|" + "---:|" * (len(scales) + show_seconds)]
+    for run in runs:
+        errors = " | ".join(f"{100 * s['relative_rmse']:.2f}%" for s in run["scales"])
+        tail = f" | {sum(s['seconds'] for s in run['scales']):.0f} |" if show_seconds else " |"
+        lines.append(f"| {_head_label(run)} | {errors}{tail}")
+    return lines
+
+
+@table("demo_summary")
+def demo_summary(files):
+    """The demo's default run (the first of the grid): relative RMSE per reward scale."""
+    run = files[0]["runs"][0]
+    lines = ["| reward scale | relative RMSE | steps |", "|---:|---:|---:|"]
+    for s in run["scales"]:
+        lines.append(f"| {s['reward_scale']:g} | {100 * s['relative_rmse']:.2f}% | {s['steps']} |")
+    c = run["config"]
+    return lines + ["", f"Backend {files[0]['backend']}, size {c['size']}, {c['bin_scheme']} bins, seed {c['seed']}."]
+
+
+@table("member_spread")
+def member_spread(files):
+    """Ensembles on the demo: members' spread against the aggregate's error (correlation across states)."""
+    lines = ["| head | reward scale | rel. RMSE | rel. member spread | Pearson | Spearman |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for run in files[0]["runs"]:
+        if run["config"]["ensemble"] == 1:
+            continue
+        for s in run["scales"]:
+            lines.append(f"| {run['config']['head']} (K = {run['config']['ensemble']}) | {s['reward_scale']:g} | "
+                         f"{100 * s['relative_rmse']:.2f}% | {100 * s['relative_member_spread']:.2f}% | "
+                         f"{s['member_spread_error_pearson']:+.2f} | {s['member_spread_error_spearman']:+.2f} |")
+    return lines
+
+
+FORMAT_LABELS = {"keras": "Keras forward", "tf_saved_model": "SavedModel (TensorFlow)",
+                 "onnx": "ONNX (onnxruntime)", "litert": "LiteRT (interpreter)"}
+
+
+@table("export_latency")
+def export_latency(files):
+    """Inference latency per export format and batch, and its ratio to the Keras forward pass."""
+    records = files[0]
+    batches = sorted({r["batch"] for r in records})
+    keys = list(dict.fromkeys((r["backend"], r["format"]) for r in records))
+    lines = ["| exported from | runs as | " + " | ".join(f"batch {b}: ms | / Keras" for b in batches) + " |",
+             "|---|---|" + "---:|---:|" * len(batches)]
+    for backend, fmt in keys:
+        cells = []
+        for batch in batches:
+            r = next((r for r in records if (r["backend"], r["format"], r["batch"]) == (backend, fmt, batch)), None)
+            cells.append("– | –" if r is None else f"{r['ms']:.3f} | {r['vs_keras']:.2f}")
+        lines.append(f"| {backend} | {FORMAT_LABELS.get(fmt, fmt)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+ENGINES = {"jax": "keras.distribution.DataParallel (virtual CPU devices)",
+           "torch": "DistributedDataParallel (gloo processes)",
+           "tensorflow": "MirroredStrategy (logical CPUs)"}
+
+
+@table("scaling")
+def scaling(files):
+    """Data-parallel throughput per backend and device count (steps/s and samples/s)."""
+    records = files[0]
+    devices = sorted({r["devices"] for r in records})
+    lines = ["| backend | engine | " + " | ".join(f"{d} device{'s' * (d > 1)}" for d in devices) + " |",
+             "|---|---|" + "---:|" * len(devices)]
+    for backend in list(dict.fromkeys(r["backend"] for r in records)):
+        cells = []
+        for d in devices:
+            r = next((r for r in records if r["backend"] == backend and r["devices"] == d), None)
+            cells.append("–" if r is None else f"{r['steps_per_s']:.2f} steps/s ({r['samples_per_s'] / 1e3:.1f}k samples/s)")
+        lines.append(f"| {backend} | {ENGINES.get(backend, '')} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@table("bin_scheme_bias")
+def bin_scheme_bias(files):
+    """Relative decode bias of the 2023 and 2024 bin schemes for spread-out returns."""
+    lines = ["| mean return | spread (std / mean) | uniform_symlog decode bias | symexp decode bias |",
+             "|---:|---:|---:|---:|"]
+    for r in files[0]["rows"]:
+        lines.append(f"| {r['mean']:g} | {r['spread']:g} | {100 * r['bias_uniform_symlog']:+.2f}% | "
+                     f"{100 * r['bias_symexp']:+.3f}% |")
+    return lines
+
+
+def _defined_in(module: str, name: str, depth: int = 0) -> str:
+    """The full path of what `module.name` is (a function, class, constant or submodule), following
+    `from ... import name` re-exports (read from the source, nothing imported)."""
+    import ast
+
+    parts = module.split(".")
+    path = ROOT.joinpath(*parts).with_suffix(".py")
+    if not path.is_file():
+        path = ROOT.joinpath(*parts, "__init__.py")
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return f"{module}.{name}"
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return f"{module}.{name}"
+        if isinstance(node, ast.ImportFrom) and node.module and depth < 5:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    try:
+                        return _defined_in(node.module, alias.name, depth + 1)
+                    except ValueError:
+                        sub = ROOT.joinpath(*node.module.split("."), alias.name)
+                        if sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file():
+                            return f"{node.module}.{alias.name}"  # a submodule
+                        raise
+    raise ValueError(f"{name}: not found in {module}")
+
+
+@table("public_names", files=False)
+def public_names(files, package="multicritic"):
+    """Every name of a package's `__all__`, linked to where the API reference documents it."""
+    import ast
+
+    init = ROOT.joinpath(*package.split("."), "__init__.py")
+    names = next(ast.literal_eval(n.value) for n in ast.parse(init.read_text()).body
+                 if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets))
+    lines = ["| name | is |", "|---|---|"]
+    for name in names:
+        target = _defined_in(package, name)
+        lines.append(f"| [`{package}.{name}`][{target}] | `{target}` |")
+    return lines
+
+
+# ---------------------------------------------------------------- pages
+
+
+def render(spec: str) -> str:
+    """The Markdown between the markers for a marker's `spec` (`name file... key=value...`)."""
+    name, *args = spec.split()
+    if name not in RENDERERS:
+        raise ValueError(f"table: got {name!r}, expected one of {sorted(RENDERERS)}")
+    names = [a for a in args if "=" not in a]
+    options = dict(a.split("=", 1) for a in args if "=" in a)
+    if bool(names) != RENDERERS[name].needs_files:
+        raise ValueError(f"table {name}: got files {names}, expected " +
+                         ("result files" if RENDERERS[name].needs_files else "none (it reads the source)"))
+    files = []
+    for file_name in names:
+        path = RESULTS / file_name
+        if not path.is_file():
+            raise ValueError(f"table {name}: got {file_name!r}, expected a file in {RESULTS.relative_to(ROOT)}")
+        files.append(json.loads(path.read_text()))
+    part = options.pop("part", None)
+    if part is not None:  # one part of a merged file (`{part: records}`, as benchmarks/gpu/run.sh writes)
+        if not all(isinstance(f, dict) and part in f for f in files):
+            raise ValueError(f"table {name}: got part={part!r}, expected a part of each file")
+        files = [f[part] for f in files]
+    lines = RENDERERS[name](files, **options)
+    source = ", ".join(f"`benchmarks/results/{n}`" for n in names) or "the source"
+    return "\n".join([*lines, "", f"<small>Generated from {source} by `benchmarks/render_tables.py`.</small>", ""])
+
+
+def pages(root: pathlib.Path = ROOT) -> List[pathlib.Path]:
+    found = []
+    for pattern in PAGES:
+        found += sorted(p for p in root.glob(pattern) if p.is_file())
+    return found
+
+
+def rendered(text: str) -> str:
+    """`text` with every generated table rendered again from its file."""
+    return MARKER.sub(lambda m: f"<!-- table: {m['spec']} -->\n{render(m['spec'])}<!-- /table -->", text)
+
+
+def stale(root: pathlib.Path = ROOT) -> List[str]:
+    """`page: spec` of every generated table whose text differs from its file's rendering."""
+    out = []
+    for page in pages(root):
+        for m in MARKER.finditer(page.read_text()):
+            if m["body"] != render(m["spec"]):
+                out.append(f"{page.relative_to(root)}: {m['spec']}")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only list the tables that differ (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        out = stale()
+        for line in out:
+            print(f"stale: {line}")
+        return 1 if out else 0
+    for page in pages():
+        text = page.read_text()
+        new = rendered(text)
+        if new != text:
+            page.write_text(new)
+            print(f"rendered {page.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
