@@ -57,13 +57,16 @@ class StepProgram:
             precision), what gradients are taken of.
         apply: `apply(grads, metrics) -> metrics`: clip, optimizer, EMA,
             assigned through `Variable.assign`, all or nothing.
-        jit_compile: the trainer's `jit_compile` option.
+        jit_compile: the trainer's `jit_compile` option: True, False or
+            `"auto"` (the backend's choice; see `Backend.resolve_jit_compile`).
         sum_metrics: metrics that are counts (summed, not averaged, over
             data-parallel replicas).
         decision_metrics: counts every replica must agree on before `apply`
             (its skip-or-update decision depends on them).
         private: the variables of `state` that only the step reads (the
             optimizer's slots): a backend may donate their buffers.
+        loss_scaled: whether the optimizer scales the loss (a Keras
+            `LossScaleOptimizer`, whose update branches on the gradients).
     """
 
     trainable: Sequence
@@ -71,10 +74,13 @@ class StepProgram:
     loss: Callable[..., Tuple[Any, Metrics]]
     scale_loss: Callable[[Any], Any]
     apply: Callable[[List, Metrics], Metrics]
-    jit_compile: bool
+    jit_compile: Any
     sum_metrics: Tuple[str, ...] = ("nonfinite_targets", "invalid_inputs")
     decision_metrics: Tuple[str, ...] = ("invalid_inputs",)
     private: Sequence = ()
+    loss_scaled: bool = False
+    # What a backend builds for this program (its compiled functions), kept with it.
+    cache: Dict[str, Any] = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 class Backend(abc.ABC):
@@ -115,6 +121,11 @@ class Backend(abc.ABC):
         """`ops.take_along_axis(x, indices, axis=-1)` for `x [..., n]` and int32 `indices [..., m]` in range
         (the two-hot loss's picks from the log-probabilities)."""
         return ops.take_along_axis(x, indices, axis=-1)
+
+    def split(self, x, sizes: Sequence[int], axis: int = 0) -> List:
+        """`x` cut into consecutive parts of the static Python `sizes` along `axis` (`ops.split` at the sizes'
+        running sums)."""
+        return ops.split(x, np.cumsum(list(sizes)[:-1]).tolist(), axis=axis)
 
     def detached(self, x):
         """`x` cut from any gradient computation it takes part in (`ops.stop_gradient`)."""
@@ -185,6 +196,21 @@ class Backend(abc.ABC):
         """A data-parallel forward pass `fn(h, z, use_ema=False)` for the critic, or None for `critic(...)`."""
         return None
 
+    # Hosts: the processes of a data-parallel run over several machines (or several processes on one), each
+    # with its own devices, its own rank and its share of the global batch.
+
+    def hosts(self, variables: Sequence = ()) -> Tuple[int, int]:
+        """`(index, count)`: this host's rank and the number of hosts of the data-parallel run that `variables`
+        (the critic's and trainer's, or none yet) take part in: JAX processes, `torch.distributed` ranks,
+        TensorFlow `MultiWorkerMirroredStrategy` workers (the chief first). `(0, 1)` on one host; host 0 is
+        the chief."""
+        return 0, 1
+
+    def gather_hosts(self, data: np.ndarray, variables: Sequence = ()) -> np.ndarray:
+        """`data`, a uint8 vector of the same length on every host, from every host, stacked `[hosts, n]` in
+        host order: a collective outside any step, which every host must call. `data[None]` on one host."""
+        return np.asarray(data, np.uint8)[None]
+
     def train_step(self, program: StepProgram, batch: Sequence) -> Metrics:
         """One step, not compiled: gradients of `program.loss`, then `program.apply`. A compiled step
         (`make_train_function`, Keras's `fit`) runs it inside its own compilation."""
@@ -199,19 +225,37 @@ class Backend(abc.ABC):
         """
         return self.train_step(program, batch)
 
+    def keras_jit_compile(self, jit_compile):
+        """What Keras's `Model.compile` gets for the critic's `compile(jit_compile=...)`: Keras's own
+        compilation of `fit`'s step, unless this backend compiles the step itself."""
+        return jit_compile
+
     def keras_test_step(self, model, evaluate: Callable[..., Metrics], state, batch):
         """`Model.test_step` for Keras's `evaluate`: `evaluate(*batch)` (losses and metric updates, no
         gradients); returns the logs (stateless backends: `(logs, new_state)`)."""
         return evaluate(*batch)
+
+    def keras_batch_signature(self, source) -> Any:
+        """The static signature of the batches Keras's step function reads from `source` (what it passes the
+        step: an iterator or a batch), where a traced step would otherwise be relaxed to a new one (shapes
+        generalised to unknown sizes): `fit` then keeps one Keras step function per signature. None (the
+        default): the step is traced per shape anyway."""
+        return None
+
+    def replay(self, owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: Sequence):
+        """`fn(*inputs)`: a forward pass a host calls in its loops. A backend whose eager calls are costly may
+        run it from a graph traced once per input signature (PyTorch); `variables()` lists every variable `fn`
+        reads, `key` what else selects the graph."""
+        return fn(*inputs)
 
     def device_scope(self, x):
         """A context in which the critic makes its tensors on the device of the host's tensor `x` (PyTorch);
         nothing elsewhere (TensorFlow and JAX place ops by their inputs)."""
         return contextlib.nullcontext()
 
-    def module_view(self, critic, use_ema: Optional[bool], outputs: str):
+    def module_view(self, critic, use_ema: Optional[bool], outputs: str, layout=None):
         """A framework-native module holding one half of `critic` (`critic.fast_module()`), or with `use_ema=None`
-        both (`critic.torch_module()`): PyTorch only."""
+        both (`critic.torch_module()`), its parameters named and shaped as `layout` says: PyTorch only."""
         raise ValueError(
             f"fast_module / ema_module: torch.nn.Module views need KERAS_BACKEND=torch (this is {self.name}); "
             "on JAX use the critic's stateless_call with trainable_variables / non_trainable_variables, on "

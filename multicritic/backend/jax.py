@@ -6,7 +6,9 @@ function as arrays and comes back updated; the shared step runs inside
 
 Data parallelism: under a `keras.distribution.DataParallel` distribution the
 variables are replicated by Keras when created, and each batch is sharded
-here along its batch axis; XLA (GSPMD) inserts the gradient all-reduce.
+here along its batch axis; XLA (GSPMD) inserts the gradient all-reduce. With
+several processes (`jax.distributed.initialize`, one per host) each process
+gives its own rows, and the global batch is assembled from them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import keras
+import numpy as np
+from jax.experimental import multihost_utils
 from keras import StatelessScope
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
@@ -31,16 +35,25 @@ def _shard_batch(batch, batch_axis):
             "(the critic is small: its weights are replicated, the batch is sharded)."
         )
     mesh = distribution.device_mesh
+    # Several processes (hosts): each gives its own rows, the shard of its devices, and the global batch is
+    # assembled from them (`jax.make_array_from_process_local_data`) without copying rows between hosts.
+    hosts = jax.process_count()
+    devices = mesh.shape[0] // hosts
     out = []
     for x in batch:
         axes = [None] * len(x.shape)
         axes[batch_axis] = distribution.batch_dim_name
-        if x.shape[batch_axis] % mesh.shape[0]:
+        if x.shape[batch_axis] % devices:
+            where = f"this host's {devices}" if hosts > 1 else f"the {devices}"
             raise ValueError(
                 f"batch: got {x.shape[batch_axis]} rows on axis {batch_axis}, expected a multiple "
-                f"of the {mesh.shape[0]} devices of the data-parallel mesh."
+                f"of {where} devices of the data-parallel mesh."
             )
-        out.append(keras.distribution.distribute_tensor(x, keras.distribution.TensorLayout(axes, mesh)))
+        layout = keras.distribution.TensorLayout(axes, mesh)
+        if hosts > 1:
+            out.append(jax.make_array_from_process_local_data(layout.backend_layout, x))
+        else:
+            out.append(keras.distribution.distribute_tensor(x, layout))
     return out
 
 
@@ -105,6 +118,15 @@ class JaxBackend(Backend):
     def all_gather(self, x):
         # Under GSPMD the arrays are global: their statistics already are the batch's.
         return x
+
+    def hosts(self, variables=()):
+        return jax.process_index(), jax.process_count()
+
+    def gather_hosts(self, data, variables=()):
+        data = np.asarray(data, np.uint8)
+        if jax.process_count() == 1:
+            return data[None]
+        return np.asarray(multihost_utils.process_allgather(data), np.uint8)
 
     def update_if(self, ok, update, variables):
         """XLA has no conditional assignment: both values exist and a select picks one."""

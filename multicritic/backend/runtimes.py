@@ -6,14 +6,54 @@ imported when used (`pip install ".[export]"`), whatever backend Keras runs.
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 
 def load_exported(filepath, format):
     """A callable `fn(h, z) -> (value_real, value_symlog, logits)` (numpy) running an export with its own
     runtime: TensorFlow for `tf_saved_model`, onnxruntime for `onnx`, the LiteRT interpreter for `litert`
-    (each imported here, installed separately)."""
-    path = str(filepath)
+    (each imported here, installed separately).
+
+    A `ValueError` names `format` (not one of the three), `filepath` (missing, the wrong kind of path, or
+    not an export its runtime can load) or the runtime that is not installed."""
+    from multicritic.export import FORMATS, check_path  # (the export module imports this one)
+    from multicritic.validation import real_values
+
+    if not isinstance(format, str) or format not in FORMATS:
+        raise ValueError(f"format: got {format!r}, expected one of {list(FORMATS)}.")
+    path = check_path(filepath, format, exists=True)
+    runtime = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}[format]
+    try:
+        importlib.import_module(runtime)
+    except ImportError as err:
+        raise ValueError(f"format: {format!r} exports run with {runtime}, which cannot be imported ({err}).") from None
+    try:
+        run = _load(path, format)
+    except Exception as err:  # the runtime's own error for a file it cannot read
+        raise ValueError(f"filepath: {path!r} is not a {format!r} export this runtime can load "
+                         f"({_reason(err)}).") from err
+
+    def serve(h, z):
+        h, z = (np.asarray(real_values(name, x), np.float32) for name, x in (("h", h), ("z", z)))
+        if h.ndim != 2 or z.ndim != 3 or h.shape[0] != z.shape[0]:
+            raise ValueError(f"h, z: got shapes {list(h.shape)} and {list(z.shape)}, expected h [B, gru_units] and "
+                             "z [B, num_z_categoricals, num_z_classes].")
+        try:
+            return run(h, z)
+        except Exception as err:  # the runtime's own error for inputs its signature does not take
+            raise ValueError(f"h, z: the export refused shapes {list(h.shape)} and {list(z.shape)} "
+                             f"({_reason(err)}).") from err
+
+    return serve
+
+
+def _reason(err) -> str:
+    return f"{type(err).__name__}: " + " ".join(str(err).split())[:300]
+
+
+def _load(path, format):
     if format == "tf_saved_model":
         import tensorflow as tf
 
@@ -41,4 +81,4 @@ def load_exported(filepath, format):
             return tuple(out[k] for k in outputs)
 
         return run
-    raise ValueError(f"format: got {format!r}, expected 'tf_saved_model', 'onnx' or 'litert'.")
+    raise AssertionError(format)

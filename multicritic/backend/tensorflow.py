@@ -5,10 +5,13 @@ Data parallelism: when the critic and trainer were created inside a
 its slice of the batch and computes gradients of its share of the mean loss;
 the gradients are summed across replicas, then clipped, applied and
 EMA-averaged once, in cross-replica context, on the mirrored variables.
+Under `MultiWorkerMirroredStrategy` (one worker per host, `TF_CONFIG`) each
+worker is given its own rows and splits them over its own replicas.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from multicritic.backend import Backend, StepProgram
@@ -24,8 +27,49 @@ def batch_signature(batch, batch_axis):
     return specs
 
 
+def _xla(program: StepProgram) -> bool:
+    """Whether the step compiles with XLA: only when asked (`"auto"`: the graph without XLA, measured as fast
+    at the critic's sizes, and without XLA's per-shape compilations)."""
+    return program.jit_compile is True
+
+
+def _strategy(variables=()):
+    """The strategy the variables were created under (mirrored variables remember it), whether or not its
+    scope is open now; else the strategy of the open scope; else None."""
+    for var in variables:
+        strategy = getattr(getattr(var, "value", var), "_distribute_strategy", None)
+        if strategy is not None:
+            return strategy
+    return tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+
+
+def _workers(strategy):
+    """`(index, count)` of this worker among a `MultiWorkerMirroredStrategy`'s workers, the chief first (the
+    order of the strategy's replicas); `(0, 1)` for any other strategy."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return 0, 1
+    spec = resolver.cluster_spec().as_dict()
+    tasks = [(job, i) for job in ("chief", "worker") for i in range(len(spec.get(job, ())))]
+    if (resolver.task_type, resolver.task_id) not in tasks:
+        return 0, 1
+    return tasks.index((resolver.task_type, resolver.task_id)), len(tasks)
+
+
+def _outside_scope():
+    """Raises unless the caller is outside every `tf.distribute.Strategy` scope: in one, Keras's optimizer
+    updates only from a replica context (`merge_call`), and a step's update runs in the cross-replica one."""
+    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context():
+        raise ValueError(
+            f"train step: got a call inside `{type(tf.distribute.get_strategy()).__name__}.scope()`, expected it "
+            "outside the scope (build the critic and trainer inside the scope, then train outside it)."
+        )
+
+
 def _distributed_train_function(program: StepProgram, batch_axis, strategy):
     replicas = strategy.num_replicas_in_sync
+    # This worker's replicas (all of them under MirroredStrategy): each worker is given its own rows.
+    local = len(strategy.extended.worker_devices)
     sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
 
     def replica_step(*batch):
@@ -34,7 +78,7 @@ def _distributed_train_function(program: StepProgram, batch_axis, strategy):
             scaled = program.scale_loss(loss) / replicas
         return tape.gradient(scaled, list(program.trainable)), metrics
 
-    @tf.function(jit_compile=program.jit_compile, reduce_retracing=True)
+    @tf.function(jit_compile=_xla(program), reduce_retracing=True)
     def step(*batch):
         grads, metrics = strategy.run(replica_step, args=batch)
         grads = [strategy.reduce(sum_, g, axis=None) for g in grads]
@@ -46,17 +90,21 @@ def _distributed_train_function(program: StepProgram, batch_axis, strategy):
         return program.apply(grads, metrics)
 
     def run(*batch):
-        if batch[0].shape[batch_axis] % replicas:
+        _outside_scope()
+        if batch[0].shape[batch_axis] % local:
+            where = f"this worker's {local}" if local < replicas else f"the {replicas}"
             raise ValueError(
                 f"batch: got {batch[0].shape[batch_axis]} rows on axis {batch_axis}, expected a multiple "
-                f"of the {replicas} replicas of the distribution strategy."
+                f"of {where} replicas of the distribution strategy."
             )
-        parts = [tf.split(x, replicas, axis=batch_axis) for x in batch]
-        local = [
-            strategy.experimental_distribute_values_from_function(lambda ctx, p=p: p[ctx.replica_id_in_sync_group])
+        parts = [tf.split(x, local, axis=batch_axis) for x in batch]
+        values = [
+            strategy.experimental_distribute_values_from_function(
+                lambda ctx, p=p: p[ctx.replica_id_in_sync_group % local]
+            )
             for p in parts
         ]
-        return step(*local)
+        return step(*values)
 
     run.compiled = {"distributed": step}
     return run
@@ -98,13 +146,24 @@ class TensorFlowBackend(Backend):
             scaled = program.scale_loss(loss)
         return program.apply(tape.gradient(scaled, list(program.trainable)), metrics)
 
+    def hosts(self, variables=()):
+        return _workers(_strategy(variables))
+
+    def gather_hosts(self, data, variables=()):
+        data = np.asarray(data, np.uint8)
+        strategy = _strategy(variables)
+        if _workers(strategy)[1] == 1:
+            return data[None]
+        # (TensorFlow's collectives gather no uint8: as int32.)
+        values = strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(data[None].astype(np.int32))
+        )
+        # One row per replica, replicas in worker order: each worker's first.
+        rows = strategy.gather(values, axis=0).numpy()[:: len(strategy.extended.worker_devices)]
+        return rows.astype(np.uint8)
+
     def make_train_function(self, program, batch_axis):
-        trainable = list(program.trainable)
-        # The strategy the critic's variables were created under (mirrored
-        # variables remember it), whether or not its scope is open now.
-        strategy = getattr(trainable[0].value, "_distribute_strategy", None)
-        if strategy is None and tf.distribute.has_strategy():
-            strategy = tf.distribute.get_strategy()
+        strategy = _strategy(program.trainable[:1])
         if strategy is not None and strategy.num_replicas_in_sync > 1:
             return _distributed_train_function(program, batch_axis, strategy)
         compiled = {}
@@ -113,15 +172,24 @@ class TensorFlowBackend(Backend):
             return self.train_step(program, batch)
 
         def run(*batch):
+            if strategy is not None:
+                _outside_scope()
             signature = batch_signature(batch, batch_axis)
             key = tuple((tuple(s.shape), s.dtype) for s in signature)
             fn = compiled.get(key)
             if fn is None:
-                fn = compiled[key] = tf.function(step, input_signature=signature, jit_compile=program.jit_compile)
+                fn = compiled[key] = tf.function(step, input_signature=signature, jit_compile=_xla(program))
             return fn(*batch)
 
         run.compiled = compiled
         return run
+
+    def keras_batch_signature(self, source):
+        # Keras's TensorFlow step functions are `tf.function`s with `reduce_retracing`: a second batch shape
+        # (another horizon) would retrace them with that axis unknown. A `tf.data` iterator's element spec
+        # names the static shapes of what it yields.
+        spec = getattr(source, "element_spec", None)
+        return None if spec is None else repr(spec)
 
     def make_predict_function(self, critic, use_ema):
         """`tf.function` traced once for every batch size (`[None, ...]` signature, as the reference)."""

@@ -11,13 +11,17 @@ clipped update and EMA step, so the weights stay identical everywhere.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
+import warnings
 
 import keras
 import torch
 from keras.src.backend.common import global_state
 from keras.src.backend.torch import core as keras_torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from multicritic.backend import Backend
+from multicritic.backend import Backend, torch_replay
 
 VIEW_OUTPUTS = ("logits", "value", "both")
 
@@ -77,6 +81,25 @@ def _fused_adam_params(optimizer, grads, variables):
     return params if device.type in _FUSED_DEVICES else None
 
 
+def _alias(tensor, transpose: bool, requires_grad: bool):
+    """A parameter sharing `tensor`'s storage, transposed (a Keras kernel `[in, out]` as a torch `Linear.weight`
+    `[out, in]`): in-place updates of either are updates of both."""
+    return torch.nn.Parameter(tensor.detach().t() if transpose else tensor.detach(), requires_grad=requires_grad)
+
+
+def _register(module, name: str, param) -> None:
+    """`param` registered under a dotted `name` (`_model.0.weight`), with plain modules for the prefixes, so that
+    `state_dict()` keys are `name`."""
+    *path, leaf = name.split(".")
+    for part in path:
+        child = module._modules.get(part)
+        if child is None:
+            child = torch.nn.Module()
+            module.add_module(part, child)
+        module = child
+    module.register_parameter(leaf, param)
+
+
 class CriticModule(torch.nn.Module):
     """One half of a critic (fast or EMA) as a `torch.nn.Module` holding the critic's own parameters.
 
@@ -84,9 +107,17 @@ class CriticModule(torch.nn.Module):
     a host's optimizer, `load_state_dict`, `.to(device)` and in-place soft
     updates change the critic. The critic is not a submodule, so
     `parameters()` lists this half only.
+
+    With a `layout` (`[(name, variable, transpose), ...]`, from
+    `multicritic.interop`), the parameters carry a host's names, order and
+    shapes (torch `Linear` weights `[out, in]`: views of the Keras kernels'
+    storage, transposed), so the module's `state_dict()` and an optimizer's
+    state over its parameters are those of the host's own critic: a host
+    checkpoint written with it loads into the host's critic, and one written
+    by the host's critic loads into it.
     """
 
-    def __init__(self, critic, use_ema: bool, outputs: str):
+    def __init__(self, critic, use_ema: bool, outputs: str, layout=None):
         super().__init__()
         if outputs not in VIEW_OUTPUTS:
             raise ValueError(f"outputs: got {outputs!r}, expected one of {list(VIEW_OUTPUTS)}.")
@@ -96,15 +127,85 @@ class CriticModule(torch.nn.Module):
         self.use_ema = bool(use_ema)
         self.outputs = outputs
         variables = critic.ema_weights if use_ema else critic.fast_weights
-        for name, var in zip(critic.view_names(), variables):
-            self.register_parameter(name, var.value)
+        if layout is None:
+            layout = [(name, var, False) for name, var in zip(critic.view_names(), variables)]
+        layout = [tuple(entry) for entry in layout]
+        if sorted(id(v) for _, v, _ in layout) != sorted(id(v) for v in variables):
+            raise ValueError("layout: got entries that are not the critic's "
+                             f"{'EMA' if use_ema else 'fast'} variables, each once.")
+        self.__dict__["variables"] = [var for _, var, _ in layout]
+        self.__dict__["transposed"] = [bool(t) for _, _, t in layout]
+        for name, var, transpose in layout:
+            _register(self, name, var.value if not transpose else _alias(var.value, True, var.trainable))
+        self.__dict__["params"] = list(self.parameters())
+        self.__dict__["aliased"] = any(self.transposed)
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """`torch.nn.Module.load_state_dict`, all or nothing: every key, shape, dtype and value is checked before
+        the first parameter changes (torch's own copies the tensors that fit, then reports the others). Values
+        must be finite floating-point tensors; `assign=True` is refused (the parameters are the critic's own
+        tensors: new ones would not be the critic's)."""
+        from collections.abc import Mapping
+
+        if assign:
+            raise ValueError("assign: got True, expected False (the view's parameters are the critic's own tensors; "
+                             "assigned ones would not reach the critic).")
+        if not isinstance(state_dict, Mapping):
+            raise ValueError(f"state_dict: got a {type(state_dict).__name__}, expected a mapping of names to tensors.")
+        own = self.state_dict(keep_vars=True)
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            parts = [f"missing {missing[:5]}"] if missing else []
+            parts += [f"unexpected {unexpected[:5]}"] if unexpected else []
+            raise ValueError(f"state_dict: holds {len(state_dict)} tensors, expected {len(own)}: {'; '.join(parts)}.")
+        for name, value in state_dict.items():
+            if name not in own:
+                continue
+            want = tuple(own[name].shape)
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"state_dict[{name!r}]: got a {type(value).__name__}, expected a torch.Tensor of "
+                                 f"shape {list(want)}.")
+            if tuple(value.shape) != want:
+                raise ValueError(f"state_dict[{name!r}]: got shape {list(value.shape)}, expected {list(want)}.")
+            if not value.is_floating_point():
+                raise ValueError(f"state_dict[{name!r}]: got dtype {value.dtype}, expected a floating-point dtype.")
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"state_dict[{name!r}]: got {int((~torch.isfinite(value)).sum())} non-finite "
+                                 "value(s), expected finite values.")
+        return super().load_state_dict(state_dict, strict=strict, assign=False)
+
+    def _values(self):
+        """The variables' values as the forward pass reads them: the transposed parameters' views back in
+        Keras's layout (so gradients reach the parameters the host's optimizer holds)."""
+        return [p.t() if t else p for p, t in zip(self.params, self.transposed)]
+
+    def _apply(self, fn, recurse=True):
+        # `.to(device)` / `.double()`: a transposed parameter is re-made as a view of the moved Keras tensor, so
+        # the two keep sharing storage.
+        if not self.aliased:
+            return super()._apply(fn, recurse)
+        for var, param, transpose in zip(self.variables, self.params, self.transposed):
+            var.value.data = fn(var.value.data)
+            if transpose:
+                param.data = var.value.data.t()
+        return self
 
     def forward(self, latent, z=None):
+        if not self.aliased:  # the critic's own tensors: its own forward pass (replayed on the critic)
+            return self._run(latent, z)
+        key = ("view", z is None, self.use_ema, self.outputs, self.critic.forward_signature())
+        inputs = (latent,) if z is None else (latent, z)
+        return torch_replay.replay(self, self._variables, key, self._run, inputs, self._values())
+
+    def _variables(self):
+        return self.variables
+
+    def _run(self, latent, z=None):
         if z is None:
-            value, logits = self.critic.on_latent(latent, use_ema=self.use_ema)
-        else:
-            with BACKEND.device_scope(latent):
-                value, logits = self.critic(latent, z, use_ema=self.use_ema)
+            return self.critic.on_latent(latent, use_ema=self.use_ema, outputs=self.outputs)
+        with BACKEND.device_scope(latent):
+            value, logits = self.critic(latent, z, use_ema=self.use_ema)
         return {"logits": logits, "value": value, "both": (value, logits)}[self.outputs]
 
 
@@ -116,11 +217,27 @@ class CriticPairModule(torch.nn.Module):
     `CriticNetwork`, so it takes that critic's place in RLlib's learner.
     """
 
-    def __init__(self, critic):
+    def __init__(self, critic, layout=None):
         super().__init__()
-        self.fast = CriticModule(critic, False, "both")
-        self.ema = CriticModule(critic, True, "both")
         self.__dict__["critic"] = critic
+        if layout is None:
+            self.fast = CriticModule(critic, False, "both")
+            self.ema = CriticModule(critic, True, "both")
+            return
+        # A host's layout `(fast, ema)`: both halves' parameters under the host's own names on this module
+        # (the views are kept aside, not as submodules, so each parameter is listed once).
+        self.__dict__["fast"] = CriticModule(critic, False, "both", layout[0])
+        self.__dict__["ema"] = CriticModule(critic, True, "both", layout[1])
+        for view in (self.fast, self.ema):
+            for name, param in view.named_parameters():
+                _register(self, name, param)
+
+    def _apply(self, fn, recurse=True):
+        if "fast" in self._modules:
+            return super()._apply(fn, recurse)
+        self.fast._apply(fn, recurse)
+        self.ema._apply(fn, recurse)
+        return self
 
     def forward(self, h, z=None, return_logits=False, use_ema=False):
         value, logits = (self.ema if use_ema else self.fast)(h, z)
@@ -131,6 +248,99 @@ class CriticPairModule(torch.nn.Module):
 
     def update_ema(self):
         self.critic.update_ema()
+
+
+# "auto" compiles a step kind at its this-many-th call. Counted in calls, not seconds, so that a run is
+# reproducible (compiled and eager steps round differently; a switch timed by the clock would move with the
+# machine's load). 1000 eager steps take about what compiling costs on a CPU (5-20 ms steps of the critics
+# in `benchmarks/`, 6-19 s compilations): an auto run then takes at most about twice the time of the better
+# choice made in advance (the ski-rental rule), and short runs (tests, scripts) never compile.
+AUTO_COMPILE_AFTER_STEPS = 1000
+# The `torch.compile` backend of compiled steps: inductor (generated kernels); tests that only check what is
+# captured use "aot_eager" (the same graphs, run by ATen), which traces without generating code.
+COMPILE_BACKEND = os.environ.get("MULTICRITIC_TORCH_COMPILE_BACKEND", "inductor")
+
+
+class TrainFunction:
+    """One kind of train step: eager autograd, or compiled whole by `torch.compile`.
+
+    Compiled, the step is two graphs and no host sync: the loss (forward
+    passes and loss, its backward pass compiled with it by AOTAutograd) and
+    the update (clip, optimizer, EMA, the skip-or-update select), each traced
+    with `fullgraph=True`, so an op that breaks the graph or reads a tensor on
+    the host fails the compilation instead of silently splitting the step. On
+    CUDA both run as CUDA graphs (`mode="reduce-overhead"`).
+
+    `jit_compile`: True compiles at the first call; False never; `"auto"`
+    at the `AUTO_COMPILE_AFTER_STEPS`-th call, falling back to eager (with a
+    warning) if compilation fails, and not under a loss-scale optimizer
+    (Keras's branches on the host). Data-parallel steps keep the loss eager
+    (DDP's reducer hooks into autograd) and compile the update when asked.
+    """
+
+    def __init__(self, backend, program, distributed):
+        if program.jit_compile not in (True, False, "auto"):
+            raise ValueError(f"jit_compile: got {program.jit_compile!r}, expected True, False or 'auto'.")
+        self.backend = backend
+        self.program = program
+        self.distributed = distributed
+        self.eager_steps = 0
+        self.compiled = None  # (loss, apply) once compiled
+        self._apply = program.apply
+        if distributed and program.jit_compile is True:
+            self._apply = torch.compile(program.apply)
+
+    def _want_compiled(self):
+        mode = self.program.jit_compile
+        if self.distributed or mode is False:
+            return False
+        if mode == "auto" and self.program.loss_scaled:
+            return False  # Keras's loss-scale optimizer branches on the host: its update cannot be one graph
+        return mode is True or self.eager_steps >= AUTO_COMPILE_AFTER_STEPS
+
+    def _compile(self):
+        program = self.program
+
+        def scaled_loss(*batch):
+            loss, metrics = program.loss(*batch)
+            return program.scale_loss(loss), metrics
+
+        device = program.trainable[0].value.device
+        options = dict(fullgraph=True, backend=COMPILE_BACKEND)
+        if device.type == "cuda" and COMPILE_BACKEND == "inductor":
+            options["mode"] = "reduce-overhead"
+        self.compiled = (torch.compile(scaled_loss, **options), torch.compile(program.apply, **options))
+        self.cuda = device.type == "cuda"
+
+    def _compiled_step(self, batch):
+        loss_fn, apply_fn = self.compiled
+        if self.cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        params = [v.value for v in self.program.trainable]
+        for p in params:
+            p.grad = None
+        scaled, metrics = loss_fn(*batch)
+        scaled.backward()
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        metrics = {k: v.detach() for k, v in metrics.items()}
+        return apply_fn(grads, metrics)
+
+    def __call__(self, *batch):
+        if self.compiled is None and self._want_compiled():
+            self._compile()
+            if self.program.jit_compile == "auto":
+                try:
+                    return self._compiled_step(batch)
+                except Exception as err:  # a graph break or an op inductor cannot lower: stay eager
+                    warnings.warn(f"multicritic: torch.compile of the train step failed; it runs eagerly. {err}",
+                                  RuntimeWarning, stacklevel=2)
+                    self.compiled = None
+                    self.program = dataclasses.replace(self.program, jit_compile=False)
+                    # The failed compilation ran no assignment: the step is retried eagerly below.
+        if self.compiled is not None:
+            return self._compiled_step(batch)
+        self.eager_steps += 1
+        return self.backend.train_step(self.program, batch, self._apply, self.distributed)
 
 
 class TorchBackend(Backend):
@@ -144,8 +354,9 @@ class TorchBackend(Backend):
         return not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
 
     def constant(self, values):
-        # `torch.compile` cannot trace numpy: inside it, the Python floats.
-        if torch.compiler.is_compiling():
+        # `torch.compile` cannot trace numpy: inside it, the Python floats. Nor is a tensor made while a
+        # tracer (`make_fx`, fake tensors) runs cached: it belongs to that trace.
+        if torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
             return torch.tensor(list(values), dtype=torch.float32)
         # Eager: one tensor per table and device, made once (a new one per use cost a tensor's construction
         # and copy a few times per step). Nothing writes into these. Made outside inference mode: a first
@@ -158,14 +369,24 @@ class TorchBackend(Backend):
                 tensor = _CONSTANTS[key] = super().constant(values)
         return tensor
 
+    def split(self, x, sizes, axis=0):
+        # Keras's `ops.split` turns its indices into a tensor and reads them back on the host (`.tolist()`):
+        # a host sync per call, and a graph break that cuts a `torch.compile`d step into pieces.
+        return list(torch.split(x, [int(s) for s in sizes], dim=axis))
+
+    def replay(self, owner, variables, key, fn, inputs):
+        return torch_replay.replay(owner, variables, key, fn, inputs)
+
     def device_scope(self, x):
         want, have = getattr(x, "device", None), torch.device(keras_torch.get_device())
         if want is None or (want.type == have.type and have.index in (None, want.index)):
             return contextlib.nullcontext()
         return keras_torch.device_scope(str(want))
 
-    def module_view(self, critic, use_ema, outputs):
-        return CriticPairModule(critic) if use_ema is None else CriticModule(critic, use_ema, outputs)
+    def module_view(self, critic, use_ema, outputs, layout=None):
+        if use_ema is None:
+            return CriticPairModule(critic, layout)
+        return CriticModule(critic, use_ema, outputs, layout)
 
     def apply_gradients(self, optimizer, grads, variables):
         """A plain Keras Adam runs as PyTorch's one fused kernel (one pass over the weights instead of Keras's
@@ -295,22 +516,23 @@ class TorchBackend(Backend):
                     torch.distributed.all_reduce(metrics[key])
             return (apply or program.apply)(grads, metrics)
 
+    def keras_train_step(self, model, program, state, batch):
+        fn = program.cache.get("train")
+        if fn is None:
+            fn = program.cache["train"] = self.make_train_function(program, 0)
+        return fn(*batch)
+
     def keras_test_step(self, model, evaluate, state, batch):
         with torch.no_grad():
             return evaluate(*batch)
 
+    def keras_jit_compile(self, jit_compile):
+        # Keras would `torch.compile` its whole train function, whose `backward()` breaks the graph: the step
+        # compiles itself (`make_train_function`).
+        return False
+
     def make_train_function(self, program, batch_axis):
-        distributed = _distributed()
-        # jit_compile: torch.compile fuses the update's parameter-sized
-        # elementwise work (clip, Adam, EMA) into a few loops. The forward and
-        # backward passes stay eager: compiled through Keras's layers they
-        # were slower on CPU, after minutes of compilation (torch 2.13).
-        apply = torch.compile(program.apply) if program.jit_compile else program.apply
-
-        def step(*batch):
-            return self.train_step(program, batch, apply, distributed)
-
-        return step
+        return TrainFunction(self, program, _distributed())
 
     def make_predict_function(self, critic, use_ema):
         """Eager forward pass without autograd (nothing to trace, nothing to recompile)."""
@@ -320,6 +542,23 @@ class TorchBackend(Backend):
                 return critic(h, z, use_ema=use_ema)
 
         return run
+
+    def hosts(self, variables=()):
+        if not _distributed():
+            return 0, 1
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+    def gather_hosts(self, data, variables=()):
+        local = torch.as_tensor(data, dtype=torch.uint8).reshape(-1)
+        if not _distributed():
+            return local[None].numpy()
+        # NCCL gathers CUDA tensors only; gloo (CPU) any.
+        device = torch.device("cpu")
+        if torch.distributed.get_backend() == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        parts = [torch.empty_like(local, device=device) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, local.to(device))
+        return torch.stack(parts).cpu().numpy()
 
 
 BACKEND = TorchBackend()

@@ -113,35 +113,64 @@ def _learned_values(predict, critic: CriticNetwork, h, z, seed: int) -> Tuple[np
     return _to_numpy(inverse_symlog(aggregate)), _to_numpy(inverse_symlog(value))
 
 
-def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True) -> ScaleResult:
+class Session:
+    """One critic, trainer and forward pass, reset for every reward scale: each scale trains a freshly
+    initialised critic, and the steps compiled for the first scale (`torch.compile`, `jax.jit`,
+    `tf.function`) serve the others."""
+
+    def __init__(self, config: DemoConfig):
+        self.config = config
+        self.options = None if config.preset is None else presets.options(config.preset)
+        self.critic = self.trainer = self.predict = None
+        self._initial = None  # the trainer's state when new (optimizer slots, counters)
+
+    def _new_critic(self) -> CriticNetwork:
+        config, architecture = self.config, {}
+        if self.options is not None:
+            dims = ("model_size", "gru_units", "dense_hidden_units", "num_dense_layers", "num_z_categoricals",
+                    "num_z_classes")
+            architecture = {k: v for k, v in self.options["critic"].items() if k not in dims}
+        return CriticNetwork(**{"bin_scheme": config.bin_scheme, **architecture}, model_size=config.size,
+                             head=config.head, ensemble_size=config.ensemble, aggregation=config.aggregation)
+
+    def reset(self) -> None:
+        """A fresh critic (the same initial weights as a new one) and a fresh trainer state."""
+        config = self.config
+        keras.utils.set_random_seed(config.seed)
+        fresh = self._new_critic()
+        if self.critic is not None:
+            self.critic.set_weights(fresh.get_weights())
+            for var, value in zip(self.trainer.state_variables[len(self.critic.weights):], self._initial):
+                var.assign(value)
+            return
+        trainer_options = {}
+        if self.options is not None:
+            trainer_options = {k: v for k, v in self.options["trainer"].items()
+                               if k not in ("optimizer", "gamma", "lambda_")}
+        schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, config.steps, alpha=0.02)
+        if config.preset == "dreamerv3-2024":
+            optimizer = LaProp(schedule)
+        else:
+            optimizer = keras.optimizers.Adam(schedule, epsilon=1e-5)
+        self.critic = fresh
+        self.trainer = CriticTrainer(
+            fresh,
+            optimizer,
+            **{"gamma": config.gamma, "lambda_": config.lambda_,
+               "seed": config.seed if config.aggregation == "min_of_random" else None, **trainer_options},
+        )
+        self._initial = [np.array(keras.ops.convert_to_numpy(v.value))
+                         for v in self.trainer.state_variables[len(fresh.weights):]]
+        self.predict = predict_function(fresh)
+
+
+def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True,
+                    session: Optional[Session] = None) -> ScaleResult:
+    """Trains a fresh critic on `mdp` (through `session`'s critic and trainer, reset first, when given)."""
     rng = np.random.default_rng(config.seed + 1)
-    keras.utils.set_random_seed(config.seed)
-    architecture, trainer_options, options = {}, {}, None
-    if config.preset is not None:
-        options = presets.options(config.preset)
-        dims = ("model_size", "gru_units", "dense_hidden_units", "num_dense_layers", "num_z_categoricals",
-                "num_z_classes")
-        architecture = {k: v for k, v in options["critic"].items() if k not in dims}
-        trainer_options = {k: v for k, v in options["trainer"].items() if k not in ("optimizer", "gamma", "lambda_")}
-    critic = CriticNetwork(
-        **{"bin_scheme": config.bin_scheme, **architecture},
-        model_size=config.size,
-        head=config.head,
-        ensemble_size=config.ensemble,
-        aggregation=config.aggregation,
-    )
-    schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, config.steps, alpha=0.02)
-    if config.preset == "dreamerv3-2024":
-        optimizer = LaProp(schedule)
-    else:
-        optimizer = keras.optimizers.Adam(schedule, epsilon=1e-5)
-    trainer = CriticTrainer(
-        critic,
-        optimizer,
-        **{"gamma": config.gamma, "lambda_": config.lambda_,
-           "seed": config.seed if config.aggregation == "min_of_random" else None, **trainer_options},
-    )
-    predict = predict_function(critic)
+    session = Session(config) if session is None else session
+    session.reset()
+    critic, trainer, predict, options = session.critic, session.trainer, session.predict, session.options
     normalizer = None if options is None else ReturnNormalizer(**options["normalizer"])
     true = mdp.values()
     bar = keras.utils.Progbar(config.steps, stateful_metrics=["rel_rmse"], verbose=1 if progress else 0)
@@ -189,11 +218,12 @@ def run_demo(config: DemoConfig, progress: bool = True, log=print) -> List[Scale
     dims = get_model_dims(config.size)
     h, z = encode_states(rng, config.num_states, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"])
     results = []
+    session = Session(config)
     for scale in config.scales:
         mdp = base.scaled(scale)
         true = mdp.values()
         log(f"reward scale {scale:g}: exact values in [{true.min():.4g}, {true.max():.4g}]")
-        result = train_one_scale(config, mdp, h, z, progress=progress)
+        result = train_one_scale(config, mdp, h, z, progress=progress, session=session)
         result.reward_scale = float(scale)
         results.append(result)
     return results

@@ -54,7 +54,7 @@ def _first_dense(dense, parts, scale, on_kernel):
         parts = [p * scale for p in parts]
     if len(parts) > 1:
         # One split (its gradient is one concatenation), not a slice per part (a zero-filled kernel each).
-        kernel = ops.split(kernel, np.cumsum([int(p.shape[-1]) for p in parts[:-1]]).tolist(), axis=-2)
+        kernel = backend.current().split(kernel, [int(p.shape[-1]) for p in parts], axis=-2)
     else:
         kernel = [kernel]
     out = None

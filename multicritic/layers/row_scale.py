@@ -14,7 +14,8 @@ def row_scale(x, limit):
     `limit / max|x|` past it; a power-of-two `limit` makes the scaled row's largest entry `limit` to
     float32 rounding. The peak is taken in float32, so half-precision rows get an exact factor.
     """
-    peak = ops.amax(ops.abs(x), axis=-1, keepdims=True)
+    # Cut from the gradient first, so that no backend records the factor's ops for a backward pass.
+    peak = ops.amax(ops.abs(ops.stop_gradient(x)), axis=-1, keepdims=True)
     half = keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16")
-    factor = ops.stop_gradient(ops.minimum(limit / (ops.cast(peak, "float32") if half else peak), 1.0))
+    factor = ops.minimum(limit / (ops.cast(peak, "float32") if half else peak), 1.0)
     return ops.cast(factor, x.dtype) if half else factor

@@ -1,0 +1,170 @@
+"""PyTorch forward passes replayed from traced graphs: bit-identical to the Keras call (values and gradients),
+never stale (weights changed in place, quantized or LoRA layers, other shapes), and refusing what they cannot
+trace."""
+
+import keras
+import numpy as np
+import pytest
+
+from multicritic import CriticNetwork
+from tests.conftest import BACKEND, randomize
+
+pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="graph replays: PyTorch backend only")
+
+if BACKEND == "torch":
+    import torch
+
+    from multicritic.backend import torch_replay
+
+
+def keras_path(fn):
+    """`fn()` with replays off: every op through Keras (the reference)."""
+    torch_replay.ENABLED = False
+    try:
+        return fn()
+    finally:
+        torch_replay.ENABLED = True
+
+
+def leaves(x):
+    return [t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def assert_bit_identical(got, want):
+    got, want = leaves(got), leaves(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.equal(g, w), (g - w).abs().max()
+
+
+def critic_and_inputs(seed=0, **options):
+    critic = CriticNetwork(model_size="nano", **options)
+    randomize(critic, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    latent = torch.randn(3, 5, critic.latent_size, generator=g)
+    h = torch.randn(6, critic.gru_units, generator=g)
+    z = torch.softmax(torch.randn(6, critic.num_z_categoricals, critic.num_z_classes, generator=g), -1)
+    return critic, latent, h, z
+
+
+ENTRIES = {
+    "fast_module": lambda c, latent, h, z: c.fast_module()(latent),
+    "ema_module": lambda c, latent, h, z: c.ema_module(outputs="both")(latent),
+    "fast_module(h, z)": lambda c, latent, h, z: c.fast_module(outputs="value")(h, z),
+    "torch_module": lambda c, latent, h, z: c.torch_module()(h, z, return_logits=True),
+    "torch_module ema": lambda c, latent, h, z: c.torch_module()(h, z, return_logits=True, use_ema=True),
+    "on_latent": lambda c, latent, h, z: c.on_latent(latent),
+    "on_latent logits": lambda c, latent, h, z: c.on_latent(latent, outputs="logits"),
+    "call": lambda c, latent, h, z: c(h, z),
+    "call leading dims": lambda c, latent, h, z: c(h.reshape(2, 3, -1), z.reshape((2, 3) + tuple(z.shape[1:]))),
+    "call ema": lambda c, latent, h, z: c(h, z, use_ema=True),
+}
+OPTIONS = {"default": {}, "ensemble": {"ensemble_size": 3}, "z_h hl_gauss": {"input_layout": "z_h", "head": "hl_gauss"},
+           "symexp rms": {"bin_scheme": "symexp", "norm": "rms", "use_bias": True}}
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=list(OPTIONS))
+@pytest.mark.parametrize("entry", ENTRIES, ids=list(ENTRIES))
+def test_replays_are_bit_identical_to_the_keras_call_values_and_gradients(entry, options):
+    critic, latent, h, z = critic_and_inputs(**OPTIONS[options])
+    fn = ENTRIES[entry]
+    want = keras_path(lambda: fn(critic, latent, h, z))
+    fn(critic, latent, h, z)  # traces
+    assert any(g is not None for g in torch_replay.graphs(critic).values())
+    got = fn(critic, latent, h, z)  # replays
+    assert_bit_identical(got, want)
+    params = [v.value for v in critic.weights if v.value.requires_grad]
+
+    def grads(run):
+        loss = sum((t.float() ** 2).sum() * (i + 1) for i, t in enumerate(leaves(run())))
+        if not loss.requires_grad:  # the EMA critic: nothing to differentiate
+            return []
+        found = torch.autograd.grad(loss, params, allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g for g, p in zip(found, params)]
+
+    assert_bit_identical(grads(lambda: fn(critic, latent, h, z)), keras_path(lambda: grads(lambda: fn(critic, latent, h, z))))
+    with torch.no_grad():
+        assert_bit_identical(fn(critic, latent, h, z), want)
+    with torch.inference_mode():
+        assert_bit_identical(fn(critic, latent, h, z), want)
+
+
+def test_a_logits_view_computes_no_value():
+    critic, latent, _, _ = critic_and_inputs()
+    critic.fast_module()(latent)
+    (graph,) = torch_replay.graphs(critic).values()
+    assert "aten.mm" in graph.source and "softmax" not in graph.source
+    critic.on_latent(latent)
+    assert len(torch_replay.graphs(critic)) == 2
+
+
+def test_replays_follow_weight_changes_made_in_place():
+    critic, latent, h, z = critic_and_inputs()
+    view, ema = critic.fast_module(), critic.ema_module()
+    view(latent), ema(latent), critic(h, z)  # traced
+    optimizer = torch.optim.SGD(view.parameters(), lr=0.5)
+    view(latent).square().sum().backward()
+    optimizer.step()  # the host's optimizer, in place
+    critic.update_ema(0.5)
+    for fn in (lambda: view(latent), lambda: ema(latent), lambda: critic(h, z)):
+        assert_bit_identical(fn(), keras_path(fn))
+    state = {k: v * 0.5 for k, v in view.state_dict().items()}
+    view.load_state_dict(state)
+    critic.mlp.dense_layers[0].kernel.assign(np.full(tuple(critic.mlp.dense_layers[0].kernel.shape), 0.1, "float32"))
+    for fn in (lambda: view(latent), lambda: critic(h, z)):
+        assert_bit_identical(fn(), keras_path(fn))
+
+
+@pytest.mark.parametrize("change", ["quantize", "lora"])
+def test_a_changed_layer_structure_is_traced_anew(change):
+    critic, latent, h, z = critic_and_inputs()
+    critic(h, z)
+    before = len(torch_replay.graphs(critic))
+    if change == "quantize":
+        critic.quantize("int8")
+    else:
+        critic.mlp.dense_layers[0].enable_lora(2)
+        critic.mlp.dense_layers[0].lora_kernel_b.assign(np.ones(tuple(critic.mlp.dense_layers[0].lora_kernel_b.shape), "float32"))
+    want = keras_path(lambda: critic(h, z))
+    assert_bit_identical(critic(h, z), want)
+    assert_bit_identical(critic(h, z), want)
+    assert len(torch_replay.graphs(critic)) == before + 1
+
+
+def test_each_input_signature_has_its_own_graph_up_to_a_limit(monkeypatch):
+    critic, _, _, _ = critic_and_inputs()
+    monkeypatch.setattr(torch_replay, "MAX_SIGNATURES", 3)
+    for rows in range(1, 7):
+        latent = torch.randn(rows, critic.latent_size)
+        for _ in range(2):
+            assert_bit_identical(critic.on_latent(latent), keras_path(lambda: critic.on_latent(latent)))
+    assert len(torch_replay.graphs(critic)) == 3
+    half = torch.randn(4, critic.latent_size, dtype=torch.float16)
+    assert_bit_identical(critic.on_latent(half), keras_path(lambda: critic.on_latent(half)))
+
+
+def test_what_cannot_be_traced_runs_through_keras(monkeypatch):
+    critic, latent, h, z = critic_and_inputs()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("data-dependent")
+
+    monkeypatch.setattr(torch_replay, "make_fx", refuse)
+    want = keras_path(lambda: critic(h, z))
+    for _ in range(2):
+        assert_bit_identical(critic(h, z), want)
+    assert list(torch_replay.graphs(critic).values()) == [None]
+
+
+def test_inputs_are_still_checked_and_non_tensors_take_the_keras_path():
+    critic, latent, h, z = critic_and_inputs()
+    critic.on_latent(latent)
+    with pytest.raises(ValueError, match=r"latent: got shape \[3, 5, 31\], expected \[\.\.\., 32\]"):
+        critic.on_latent(latent[..., :-1])
+    with pytest.raises(ValueError, match="outputs: got 'probs'"):
+        critic.on_latent(latent, outputs="probs")
+    numpy_out = critic(h.numpy(), z.numpy())
+    assert_bit_identical(numpy_out, critic(h, z))
+    with keras.StatelessScope():  # the Keras path (a stateless call reads mapped values)
+        assert_bit_identical(critic(h, z), keras_path(lambda: critic(h, z)))
