@@ -1,0 +1,85 @@
+"""Workers of `test_agreement.py`: two torch.distributed (gloo) processes, each a host, running the same cases.
+
+Every case is run by both hosts in the same order (the checks are collectives); each host records what it
+saw, and the test compares. No case trains: they stop at the check meant to refuse them.
+"""
+
+import datetime
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(rank, world, port, out_dir):
+    os.environ["KERAS_BACKEND"] = "torch"
+    sys.path.insert(0, ROOT)
+    import torch
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world, timeout=datetime.timedelta(seconds=60))
+    import keras
+    import numpy as np
+
+    from multicritic import CriticNetwork, CriticTrainer
+    from multicritic.training import hosts
+
+    seen = {}
+
+    def case(name, fn):
+        try:
+            seen[name] = {"ok": fn()}
+        except ValueError as err:
+            seen[name] = {"error": str(err)}
+
+    def trainer(**kwargs):
+        keras.utils.set_random_seed(0)
+        critic = CriticNetwork(model_size=kwargs.pop("model_size", "nano"), **kwargs.pop("critic", {}))
+        return CriticTrainer(critic, seed=0, **kwargs)
+
+    def weights(t):
+        return [np.asarray(keras.ops.convert_to_numpy(v.value)).tolist() for v in t.state_variables]
+
+    # Another critic config, other trainer options, another optimizer on host 1: refused by every host while
+    # the trainer is built, before DDP (whose construction is the first collective of training).
+    case("critic", lambda: bool(trainer(critic={"ensemble_size": 2 if rank else 1})))
+    case("options", lambda: bool(trainer(gamma=0.99 if rank else 0.997)))
+    case("optimizer", lambda: bool(trainer(learning_rate=1e-4 if rank else 3e-5)))
+    case("seed", lambda: bool(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=3,
+                                                           aggregation="min_of_random"))))
+    case("agree", lambda: hosts.agree("config", {"size": "nano" if rank == 0 else "mini"}) or True)
+
+    same = trainer()
+    # One writer: host 1's path is in a folder that does not exist; only host 0's is written.
+    ours = os.path.join(out_dir, "ckpt.npz")
+    case("save", lambda: same.save(ours if rank == 0 else os.path.join(out_dir, "missing", "x.npz")))
+    before = weights(same)
+    # A checkpoint only host 0 can read, then two hosts with different checkpoints: nothing restored anywhere.
+    case("unreadable", lambda: bool(same.restore(ours if rank == 0 else os.path.join(out_dir, "none.npz"))))
+    other = trainer(learning_rate=3e-5)
+    other.critic.set_weights([w + 1.0 for w in other.critic.get_weights()])
+    theirs = os.path.join(out_dir, "other.npz")
+    if rank == 0:
+        from multicritic.training import checkpoint
+
+        checkpoint.save(other, theirs)
+    torch.distributed.barrier()
+    case("different", lambda: bool(same.restore(ours if rank == 0 else theirs)))
+    seen["unchanged"] = weights(same) == before
+    case("same", lambda: same.restore(ours))
+    with open(os.path.join(out_dir, f"host{rank}.json"), "w") as f:
+        json.dump(seen, f)
+    torch.distributed.destroy_process_group()
+
+
+def launch(out_dir):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run, args=(2, port, out_dir), nprocs=2, join=True)

@@ -1,0 +1,168 @@
+"""What every engine's multi-host example must show: the tests `test_jax.py`, `test_torch.py` and
+`test_tensorflow.py` import (each with its own `engine` fixture and its own launches).
+
+Three launches per engine, shared by the tests of its module (`runs`):
+
+1. two hosts train the three critics from scratch, 4 steps, a checkpoint every 2;
+2. one host trains the single critic from scratch, and resumes the ensemble and the MultiCritic from the
+   two hosts' checkpoint of step 2 (2 -> 1 hosts);
+3. two hosts resume the single critic from the one host's checkpoint of step 2 (1 -> 2) and the MultiCritic
+   from their own (2 -> 2), then turn to the ensemble, which ends this launch by design (`ending`):
+   - "kill" (JAX, TensorFlow): it starts from scratch and host 1 kills itself before its step 1: host 0 must
+     stop with the engine's error for a lost peer, within `KILLED_HOST_EXIT_LIMIT_S`;
+   - "refusal" (PyTorch, whose lost host its torchrun restart test covers): each host is given another
+     checkpoint of it, which both refuse before any step.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from multicritic import integrity
+from tests.distributed.test_data_parallel import METRIC_RTOL, WEIGHT_ATOL
+from tests.multihost.launch import (
+    KINDS, RUN, copy_checkpoint, global_metrics, hosts, largest_state_gap, metric_gaps, one_host, outputs,
+    same_state, succeeded,
+)
+
+pytestmark = pytest.mark.multihost
+
+# PyTorch's DDP reports each host's metrics over its own rows (their mean over hosts is the global batch's);
+# JAX's GSPMD step and TensorFlow's reduced metrics are the global batch's on every host.
+PER_HOST_METRICS = {"jax": False, "torch": True, "tensorflow": False}
+# A killed host: the others see the closed connection in their next collective at once (measured 1-6 s
+# until they exit, process teardown included); JAX's coordinator also waits for the heartbeat timeout
+# (`--timeout`) before its process exits. Without these the wait would last the collective's default.
+KILL_TIMEOUT_S = 10
+KILLED_HOST_EXIT_LIMIT_S = KILL_TIMEOUT_S + 20.0
+# What each engine says when a peer is lost.
+LOST_PEER = {
+    "jax": r"Gloo .* failed|Connection reset by peer|heartbeat timeout",
+    "torch": r"Connection reset by peer|Connection closed by peer",
+    "tensorflow": r"UnavailableError|Connection reset by peer|Socket closed",
+}
+
+
+@pytest.fixture(scope="module")
+def runs(engine, ending, tmp_path_factory):
+    base = tmp_path_factory.mktemp(f"{engine}-hosts")
+    two, one, again = (str(base / name) for name in ("two", "one", "again"))
+    launches = {}
+    launches["two"] = succeeded(hosts(engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{two}/out",
+                                      "--checkpoint-dir", f"{two}/ckpt"))
+    for kind in ("ensemble", "multi"):
+        copy_checkpoint(f"{two}/ckpt", kind, 2, f"{one}/ckpt")
+    launches["one"] = succeeded(one_host(engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{one}/out",
+                                         "--checkpoint-dir", f"{one}/ckpt"))
+    for host in ("host0", "host1"):  # each host reads its own copy of the files
+        copy_checkpoint(f"{one}/ckpt", "single", 2, f"{again}/{host}")
+        copy_checkpoint(f"{two}/ckpt", "multi", 2, f"{again}/{host}")
+    args = ["--critic", "multi,single,ensemble", *RUN, "--out", f"{again}/out", "--checkpoint-dir", f"{again}/host0"]
+    if ending == "kill":
+        args += ["--kill-critic", "ensemble", "--kill-host", "1", "--kill-at-step", "1", "--timeout",
+                 str(KILL_TIMEOUT_S)]
+    else:
+        # The ensemble: the same critic and step on both, other weights (the one host's step 4 on host 1).
+        copy_checkpoint(f"{two}/ckpt", "ensemble", 2, f"{again}/host0")
+        copy_checkpoint(f"{one}/ckpt", "ensemble", 4, f"{again}/host1", as_step=2)
+    launches["again"] = hosts(engine, *args, launcher_args=["--host-args", "1", f"--checkpoint-dir {again}/host1"])
+    return {"folders": {"two": two, "one": one, "again": again}, **launches}
+
+
+def out(runs, which, kind):
+    return outputs(os.path.join(runs["folders"][which], "out"), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_hosts_step_as_one_host_on_the_global_batch(engine, runs, kind):
+    two, one = out(runs, "two", kind), out(runs, "one", kind)
+    assert [int(r["hosts"]) for r in two] == [2, 2] and int(one[0]["hosts"]) == 1
+    # The single critic trained from the same weights on both; the others stepped from the same state (the two
+    # hosts' checkpoint of step 2) from step 2 on.
+    first = int(one[0]["start"])
+    assert first == (0 if kind == "single" else 2)
+    gaps = {}
+    for step in range(first, 4):
+        want = global_metrics(one, step, per_host=False)
+        for name, gap in metric_gaps(global_metrics(two, step, PER_HOST_METRICS[engine]), want).items():
+            gaps[name] = max(gaps.get(name, 0.0), gap)
+    expected = {"total", "grad_norm", "value_nll", "ema_regularizer", "ema_value_gap", "nonfinite_targets"}
+    if kind == "ensemble":
+        expected |= {"member_spread"}
+    if kind == "multi":  # the percentile normaliser's statistics, from the global batch on every host
+        expected = {"task/return_low", "task/return_high", "explore/return_mean", "explore/member_spread",
+                    "task/total", "grad_norm"}
+    assert expected <= set(gaps), sorted(gaps)
+    assert not {k: g for k, g in gaps.items() if g >= METRIC_RTOL}, gaps
+    # Weights, EMA weights, normaliser, optimizer slots and step counters.
+    assert any(k.startswith("state/optimizer/") for k in two[0]) and any("_ema" in k for k in two[0])
+    assert largest_state_gap(two[0], one[0]) < WEIGHT_ATOL
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_host_holds_the_same_state(runs, kind):
+    two = out(runs, "two", kind)
+    assert same_state(two[0], two[1]) is None
+
+
+def test_checkpoints_are_sealed_and_record_the_hosts(runs):
+    folder = os.path.join(runs["folders"]["two"], "ckpt")
+    for kind in KINDS:
+        names = sorted(os.listdir(os.path.join(folder, kind)))
+        # Written atomically by one host: the two files, no temporary file left behind.
+        assert names == ["step-000002.npz", "step-000004.npz"], names
+        for name in names:
+            content, sealed = integrity.read_file(os.path.join(folder, kind, name), "path")
+            assert sealed is True
+            with np.load(os.path.join(folder, kind, name)) as archive:
+                meta = str(archive["meta"][()])
+            assert '"hosts": 2' in meta
+
+
+def test_restart_on_the_same_hosts_is_bit_for_bit(runs):
+    again, two = out(runs, "again", "multi"), out(runs, "two", "multi")
+    assert int(again[0]["start"]) == 2
+    assert runs["again"].lines(r"multi: restored step 2 .*saved on 2 host\(s\), restored on 2\)")
+    for host in range(2):
+        assert same_state(again[host], two[host]) is None
+
+
+def test_restoring_on_another_host_count_works_and_says_so(runs):
+    # 2 -> 1: the ensemble and the MultiCritic; 1 -> 2: the single critic.
+    for kind in ("ensemble", "multi"):
+        assert runs["one"].lines(rf"{kind}: restored step 2 .*saved on 2 host\(s\), restored on 1\)")
+        assert largest_state_gap(out(runs, "one", kind)[0], out(runs, "two", kind)[0]) < WEIGHT_ATOL
+    assert len(runs["one"].lines(r"was saved by a run on 2 host\(s\) and is restored on 1")) == 2
+    assert len(runs["again"].lines(r"single: restored step 2 .*saved on 1 host\(s\), restored on 2\)")) == 2
+    assert len(runs["again"].lines(r"was saved by a run on 1 host\(s\) and is restored on 2")) == 2
+    assert largest_state_gap(out(runs, "again", "single")[0], out(runs, "two", "single")[0]) < WEIGHT_ATOL
+
+
+def check_a_killed_host_stops_the_others(engine, runs):
+    """The third launch, ending "kill": host 1 killed itself before the ensemble's step 1 (no restart)."""
+    launch = runs["again"]
+    assert len(launch.lines(r"(single|multi): trained steps 2\.\.3")) == 4, launch.output[-6000:]
+    killed = launch.lines(r"ensemble: killing itself before step 1 at time ([\d.]+)")
+    assert len(killed) == 1, launch.output[-6000:]
+    at = float(re.search(r"at time ([\d.]+)", killed[0]).group(1))
+    code, exited = launch.exits["host 0"]
+    assert code != 0 and launch.exits["host 1"][0] != 0, launch.exits
+    assert 0 < exited - at < KILLED_HOST_EXIT_LIMIT_S, f"host 0 exited {exited - at:.1f} s after host 1 was killed"
+    assert [line for line in launch.lines(LOST_PEER[engine]) if line.startswith("[host 0]")], launch.output[-6000:]
+    assert not launch.lines(r"ensemble: trained steps")
+
+
+def check_different_checkpoints_are_refused(runs):
+    """The third launch, ending "refusal": each host was given another checkpoint of the ensemble."""
+    launch = runs["again"]
+    # The single critic and the MultiCritic resumed and finished; the ensemble's two files were refused on both
+    # hosts, before any step (and its collectives) ran.
+    assert len(launch.lines(r"(single|multi): trained steps 2\.\.3")) == 4, launch.output[-6000:]
+    assert launch.code != 0 and all(code != 0 for code, _ in launch.exits.values()), launch.exits
+    refused = launch.lines(r"ValueError: path: got another checkpoint on host 1 .* no host restored it")
+    assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.output[-6000:]
+    assert not launch.lines(r"ensemble: (trained steps|restored step)")

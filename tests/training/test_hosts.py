@@ -1,0 +1,93 @@
+"""multicritic.training.hosts on one host: what it records and says, and the fingerprint it compares.
+
+(The checks between hosts run in tests/multihost, with several processes.)
+"""
+
+import hashlib
+import warnings
+
+import numpy as np
+import pytest
+
+from multicritic import CriticNetwork, CriticTrainer, MultiCritic, integrity
+from multicritic.training import checkpoint, hosts
+from tests.conftest import to_np
+
+
+def make(seed=0, **kwargs):
+    critic = CriticNetwork(model_size="nano")
+    rng = np.random.default_rng(seed)
+    critic.set_weights([rng.normal(scale=0.2, size=tuple(v.shape)).astype("float32") for v in critic.weights])
+    return CriticTrainer(critic, seed=0, **kwargs)
+
+
+def test_one_host_is_host_zero_of_one_and_exchanges_with_itself():
+    assert hosts.topology() == (0, 1) and hosts.is_chief()
+    assert hosts.gather({"a": [1, 2]}) == [{"a": [1, 2]}]
+    hosts.agree("anything", {"x": 1})  # nothing to disagree with
+
+
+def test_a_checkpoint_records_the_hosts_and_restoring_reports_them(tmp_path):
+    trainer = make()
+    path = trainer.save(tmp_path / "one")
+    with np.load(path) as archive:
+        assert '"hosts": 1' in str(archive["meta"][()])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert make(seed=1).restore(path) == {"step": 0, "saved_on_hosts": 1, "hosts": 1}
+    assert not [w for w in said if "host(s)" in str(w.message)]  # the same host count: nothing to say
+
+
+def test_restoring_a_checkpoint_of_two_hosts_on_one_works_and_says_so(tmp_path):
+    trainer = make()
+    path = checkpoint.save(trainer, tmp_path / "two", hosts=2)  # as host 0 of a two-host run writes it
+    other = make(seed=1)
+    with pytest.warns(UserWarning, match=r"saved by a run on 2 host\(s\) and is restored on 1"):
+        info = other.restore(path)
+    assert info == {"step": 0, "saved_on_hosts": 2, "hosts": 1}
+    for a, b in zip(trainer.state_variables, other.state_variables):
+        np.testing.assert_array_equal(to_np(a), to_np(b))
+
+
+def test_check_reads_a_checkpoint_without_assigning_it(tmp_path):
+    trainer = make()
+    path = trainer.save(tmp_path / "state")
+    other = make(seed=1)
+    before = [to_np(v) for v in other.state_variables]
+    checked = checkpoint.check(other, path)
+    content, sealed = integrity.read_file(path, "path")
+    assert sealed and checked.digest == hashlib.sha256(content).hexdigest() and checked.hosts == 1
+    keyed = checkpoint.keyed_variables(trainer)
+    assert set(checked.values) == set(keyed)
+    for key, var in keyed.items():
+        np.testing.assert_array_equal(checked.values[key], to_np(var))
+    for a, v in zip(before, other.state_variables):
+        np.testing.assert_array_equal(a, to_np(v))
+
+
+def test_the_fingerprint_changes_with_what_a_host_must_share():
+    base = hosts.fingerprint(make())
+    assert hosts.fingerprint(make(seed=5)) == base  # weights are not part of it
+    assert set(base) == {"critic config", "trainer options", "optimizer", "state variables"}
+    changed = {
+        "trainer options": hosts.fingerprint(make(gamma=0.99)),
+        "optimizer": hosts.fingerprint(make(learning_rate=1e-4)),
+    }
+    for part, other in changed.items():
+        assert [k for k in base if base[k] != other[k]] == [part]
+    ensemble = hosts.fingerprint(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=2), seed=0))
+    assert ensemble["critic config"] != base["critic config"] and ensemble["state variables"] != base["state variables"]
+    # Without a seed, "min_of_random" draws differ from host to host: the draw seeds are part of it.
+    drawn = [hosts.fingerprint(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=3,
+                                                           aggregation="min_of_random")))
+             for _ in range(2)]
+    assert drawn[0]["trainer options"] != drawn[1]["trainer options"]
+
+
+def test_a_multi_critic_fingerprint_covers_its_streams():
+    def multi(head):
+        return MultiCritic({"task": {"model_size": "nano"}, "explore": {"model_size": "nano", "head": head}})
+
+    a = hosts.fingerprint(CriticTrainer(multi("two_hot"), seed=0))
+    b = hosts.fingerprint(CriticTrainer(multi("hl_gauss"), seed=0))
+    assert a["critic config"] != b["critic config"]
