@@ -1,8 +1,10 @@
-"""One nox session per entry of backends_matrix.yaml, each running the same test-suite.
+"""One nox session per entry of backends_matrix.yaml: the test-suite on each backend, and the tool sessions.
 
 `nox` runs them all; `nox -s torch` one; `nox -s jax -- -k two_hot` passes
-arguments to pytest. Each session's virtualenv is deleted when the session
-ends, so the disk holds one session's packages at a time;
+arguments to pytest. An entry with a `command` (the `docs` and `package`
+sessions) installs only its own `packages` and runs that command instead.
+Each session's virtualenv is deleted when the session ends, so the disk
+holds one session's packages at a time;
 `MULTICRITIC_KEEP_VENVS=1` keeps them under `.nox/` to rerun a test by hand.
 """
 
@@ -43,6 +45,11 @@ def _make_session(name: str, spec: dict):
         common = MATRIX.get("common", {})
         env = {**common.get("env", {}), **spec.get("env", {}), "KERAS_BACKEND": spec["backend"]}
         env = {k: str(v).replace("{venv}", str(s.virtualenv.location)) for k, v in env.items()}
+        if "command" in spec:  # a tool session: its packages, its command (the checkout is not installed)
+            s.install(*_flat(spec["packages"]))
+            s.run(*(str(a).replace("{venv}", str(s.virtualenv.location)) for a in _flat(spec["command"])),
+                  *s.posargs, env=env)
+            return
         s.install(*_flat(common.get("packages", [])), *_flat(spec["packages"]))
         s.install("-e", ".[test]")
         # Fail early if Keras does not really run on this session's backend.
@@ -57,7 +64,9 @@ def _make_session(name: str, spec: dict):
         s.run("pytest", *args, *s.posargs, env=env)
 
     session.__name__ = name.replace("-", "_")
-    session.__doc__ = f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(_flat(spec['packages']))})."
+    session.__doc__ = (f"{' '.join(map(str, _flat(spec['command'])))} (Keras backend {spec['backend']!r})"
+                       if "command" in spec else
+                       f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(_flat(spec['packages']))}).")
     return nox.session(name=name, python=False if spec.get("no_venv") else None)(session)
 
 

@@ -21,7 +21,13 @@ Numerics, the same on every backend, eager or compiled:
   for every value down to the smallest normal float32, both signs, unless
   the value lies between two buckets of opposite signs (even `num_buckets`
   or asymmetric bounds): there float32 weights near 1/2 resolve it only to
-  about 2^-24 times the bracket's width, absolutely.
+  2^-24 times the bracket's real-space width `W0`, absolutely (near 0 the
+  same in symlog units, elsewhere less). A support where this is coarser
+  than the `"uniform_symlog"` scheme's bound on the same grid (2^-23 times
+  the spacing `s = (upper - lower) / (num_buckets - 1)`), i.e. `W0 > 2 s`,
+  is refused: too coarse to represent the values near 0 (over +-20: 2 to
+  16 buckets, where 2 decodes values near 0 up to 2.8 symlog units off;
+  18 and more, and every odd count, which has a bucket at 0, are kept).
 - `"uniform_symlog"` two-hot weights are RLlib's, bit for bit (`w_kp1 = 1 -
   w_k`), so its round trip (in symlog space) has RLlib's accuracy: an
   absolute error below 2^-23 times the bucket spacing (1.9e-8 by default),
@@ -102,6 +108,8 @@ def check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme="uniform_sy
         )
     if not isinstance(bin_scheme, str) or bin_scheme not in BIN_SCHEMES:
         raise ValueError(f"bin_scheme: got {bin_scheme!r}, expected one of {list(BIN_SCHEMES)}.")
+    if bin_scheme == "symexp":  # its table (cached) refuses a support too coarse around 0
+        _bucket_table(int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
 
 
 def _tf_linspace_float32(lower, upper, num):
@@ -141,8 +149,29 @@ def _bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme):
             if lower_bound == -upper_bound:
                 # Exactly antisymmetric (and 0 in the middle), as published.
                 out = (out - out[::-1]) / 2.0
-        _TABLES[key] = _increasing(np.asarray(out, np.float32), num_buckets, lower_bound, upper_bound)
+        table = _increasing(np.asarray(out, np.float32), num_buckets, lower_bound, upper_bound)
+        if bin_scheme == "symexp":
+            _check_resolution_at_zero(table, num_buckets, lower_bound, upper_bound)
+        _TABLES[key] = table
     return _TABLES[key]
+
+
+def _check_resolution_at_zero(table, num_buckets, lower_bound, upper_bound):
+    """Refuses a symexp support whose bracket across 0 (two buckets of opposite signs) resolves values to
+    less than the uniform_symlog scheme does on the same grid: `2^-24 W0 > 2^-23 s` (module docstring)."""
+    table = np.asarray(table, np.float64)
+    above = int(np.searchsorted(table, 0.0, side="right"))
+    if 0 < above < len(table) and table[above - 1] < 0.0:
+        width, spacing = table[above] - table[above - 1], (upper_bound - lower_bound) / (num_buckets - 1)
+        if width > 2.0 * spacing:
+            raise ValueError(
+                f"num_buckets/lower_bound/upper_bound: got ({num_buckets!r}, {lower_bound!r}, {upper_bound!r}) with "
+                f"bin_scheme='symexp', a support too coarse around 0: its buckets {table[above - 1]:.4g} and "
+                f"{table[above]:.4g} resolve the values between them only to 2^-24 of their width {width:.4g}, "
+                f"expected at most 2^-23 of the grid spacing {spacing:.4g} (the uniform_symlog scheme's bound); use "
+                "more buckets, an odd num_buckets with symmetric bounds (a bucket at 0) or bin_scheme="
+                "'uniform_symlog'."
+            )
 
 
 def _decode_table(num_buckets, lower_bound, upper_bound, bin_scheme):

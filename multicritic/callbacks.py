@@ -19,9 +19,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     uninterrupted one (given the same data order: `shuffle=False` or a
     seeded pipeline; `steps_per_execution=1`).
 
-    Args:
-        backup_dir, save_freq, double_checkpoint, delete_checkpoint: as
-            `keras.callbacks.BackupAndRestore`.
+    It takes the arguments of `keras.callbacks.BackupAndRestore` (`backup_dir`,
+    `save_freq`, `double_checkpoint`, `delete_checkpoint`).
 
     Example:
         >>> critic.compile()

@@ -150,6 +150,16 @@ def _check_plot(path: Optional[str]) -> None:
         raise UsageError(f"--plot: {path!r} has {got}, expected one of {', '.join('.' + f for f in PLOT_FORMATS)}")
     if not backend_default.installed("matplotlib"):
         raise UsageError("--plot: needs matplotlib (pip install 'multicritic[plot]')")
+    # Installed is not importable (a broken install, a missing dependency): import what `plot` imports now,
+    # before any work, with the backend it draws with.
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except Exception as err:  # any failure of a third-party import
+        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        raise UsageError(f"--plot: matplotlib cannot be imported ({reason}; pip install 'multicritic[plot]')") from None
 
 
 def _require_backend(backend: str, what: str, hint: str = "") -> None:

@@ -9,20 +9,33 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend as backend_lib, heads, weights_file
+from multicritic import backend as backend_lib, draws, heads, weights_file
 from multicritic.layers.dispatch import call_layer
-from multicritic.layers.mlp import MLP
+from multicritic.heads.hl_gauss import check_sigma as check_hl_gauss_sigma
+from multicritic.layers.mlp import MLP, NORMS
 from multicritic.sizes import get_model_dims
 from multicritic.keras_training import KerasTraining
 from multicritic.validation import cast_to, compatible, integer, number, real_tensor
 
 AGGREGATIONS = ("mean", "min", "min_of_random", "members")
+# What `on_latent` returns: both outputs, or one of them.
+_OUTPUTS = ("both", "logits", "value")
 # The order of the two parts of the state: RLlib, TorchRL and the official code concatenate h first;
 # sheeprl and NM512 put the flattened z first.
 INPUT_LAYOUTS = ("h_z", "z_h")
 # Options that moved to `CriticTrainer` (they say how the critic is trained).
 TRAINING_OPTIONS = ("ema_update_period", "ema_regularizer_weight", "ema_regularizer", "ema_targets")
 
+
+
+class _OnLatent:
+    """`critic.on_latent` with its options bound: a function of the latent alone (what a replay traces)."""
+
+    def __init__(self, critic, use_ema, outputs):
+        self.critic, self.use_ema, self.outputs = critic, use_ema, outputs
+
+    def __call__(self, latent):
+        return self.critic._on_latent(latent, self.use_ema, self.outputs)
 
 
 def _pair(h, z):
@@ -79,6 +92,40 @@ def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
     return config, training
 
 
+def _machine_memory() -> Optional[int]:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_ensemble_fits(ensemble_size, *, latent_size, num_dense_layers, dense_hidden_units, output_units,
+                        use_bias, norm) -> None:
+    """Refuses an ensemble whose weights cannot fit in this machine's memory, before anything is allocated.
+
+    The critic holds `2 * K * P` float32 numbers (fast and EMA copies of `K` members of `P` parameters:
+    each hidden layer's kernel, bias, norm scale (and offset for "layer"), then the head's kernel and
+    bias; an unknown input size counts as 0), `8 * K * P` bytes, and they are drawn member by member: more
+    than the machine's physical memory cannot be held anywhere the critic runs from.
+    """
+    units, layers = int(dense_hidden_units or 0), int(num_dense_layers or 0)
+    per_member, width = 0, int(latent_size or 0)
+    for _ in range(layers):
+        per_member += width * units + units * (int(bool(use_bias)) + (2 if norm == "layer" else 1))
+        width = units
+    per_member += width * output_units + output_units
+    memory = _machine_memory()
+    need = 8 * int(ensemble_size) * per_member
+    if memory is not None and need > memory:
+        most = max(memory // max(8 * per_member, 1), 1)
+        raise ValueError(
+            f"ensemble_size: got {ensemble_size!r}, expected at most {most} for this critic: its fast and EMA "
+            f"copies of {ensemble_size} members of {per_member} parameters need {need:.3g} bytes of float32 "
+            f"weights, more than this machine's {memory:.3g} bytes of memory."
+        )
+
+
 def check_ensemble_options(ensemble_size, aggregation, aggregation_subset):
     """Raises a `ValueError` for ensemble options outside their range."""
     integer("ensemble_size", ensemble_size)
@@ -132,9 +179,12 @@ class CriticNetwork(KerasTraining, keras.Model):
         ema_decay: `d` in `ema <- d * ema + (1 - d) * fast`, in [0, 1].
         bin_scheme: `"uniform_symlog"` (2023, the reference) or `"symexp"`
             (2024).
-        num_dense_layers, dense_hidden_units: MLP overrides.
-        gru_units, num_z_categoricals, num_z_classes: input-size overrides;
-            with `model_size=None` any left out are taken from the first call.
+        num_dense_layers: MLP override: number of hidden layers.
+        dense_hidden_units: MLP override: units per hidden layer.
+        gru_units: input-size override: width of `h`; with `model_size=None`
+            any input size left out is taken from the first call.
+        num_z_categoricals: input-size override: categoricals of `z`.
+        num_z_classes: input-size override: classes per categorical of `z`.
         head: `"two_hot"` (the reference), `"hl_gauss"` (Gaussian histogram
             targets, Farebrother et al. 2024) or `"mse"` (symlog regression).
         hl_gauss_sigma: HL-Gauss standard deviation, as a ratio of the bucket
@@ -145,10 +195,12 @@ class CriticNetwork(KerasTraining, keras.Model):
             drawn at random, as REDQ and TD-MPC2) or `"members"` (no
             reduction: each member keeps its own value).
         aggregation_subset: members drawn by `"min_of_random"` (2).
-        norm, norm_epsilon, use_bias: the MLP's normalisation (`"layer"`
-            with epsilon 1e-3, the reference; `"rms"`, epsilon 1e-4 in the
-            official 2024 code) and whether its Dense layers have a bias
-            (the official 2024 code's do); see `MLP`.
+        norm: the MLP's normalisation: `"layer"` (the reference) or
+            `"rms"` (the official 2024 code); see `MLP`.
+        norm_epsilon: the normalisation's epsilon (1e-3 for `"layer"`, the
+            reference; 1e-4 in the official 2024 code).
+        use_bias: whether the MLP's Dense layers have a bias (the official
+            2024 code's do).
         kernel_initializer: of the MLP's Dense kernels (glorot-uniform, the
             reference; the official 2024 code's `trunc_normal_in` is
             `VarianceScaling(1.0, "fan_in", "truncated_normal")`).
@@ -232,10 +284,25 @@ class CriticNetwork(KerasTraining, keras.Model):
         head_class = heads.get(head)
         hl_gauss_sigma = number("hl_gauss_sigma", hl_gauss_sigma, low=0.0, low_open=True)
         head_class.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
+        if head == "hl_gauss":
+            check_hl_gauss_sigma(hl_gauss_sigma, num_buckets, lower_bound, upper_bound)
         number("ema_decay", ema_decay, low=0.0, high=1.0)
         check_ensemble_options(ensemble_size, aggregation, aggregation_subset)
         if not isinstance(input_layout, str) or input_layout not in INPUT_LAYOUTS:
             raise ValueError(f"input_layout: got {input_layout!r}, expected one of {list(INPUT_LAYOUTS)}.")
+        if not isinstance(norm, str) or norm not in NORMS:
+            raise ValueError(f"norm: got {norm!r}, expected one of {list(NORMS)}.")
+        try:
+            kernel_initializer = keras.initializers.get(kernel_initializer)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"kernel_initializer: got {kernel_initializer!r}, expected a Keras initializer (an "
+                             f"instance, a name or a config) ({err}).") from None
+        known = None not in (dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"])
+        check_ensemble_fits(
+            ensemble_size,
+            latent_size=dims["gru_units"] + dims["num_z_categoricals"] * dims["num_z_classes"] if known else 0,
+            num_dense_layers=dims["num_dense_layers"], dense_hidden_units=dims["dense_hidden_units"],
+            output_units=head_class.output_units(int(num_buckets)), use_bias=use_bias, norm=norm)
         kwargs.setdefault("name", "critic")
         backend_lib.current()  # imported now, not first inside a host's torch.compile (a graph break)
         super().__init__(**kwargs)
@@ -340,6 +407,10 @@ class CriticNetwork(KerasTraining, keras.Model):
 
     def build(self, h_shape, z_shape):
         self._check_inputs(h_shape, z_shape)
+        check_ensemble_fits(self.ensemble_size, latent_size=int(h_shape[-1]) + int(z_shape[-2]) * int(z_shape[-1]),
+                            num_dense_layers=self.num_dense_layers, dense_hidden_units=self.dense_hidden_units,
+                            output_units=heads.get(self.head).output_units(self.num_buckets), use_bias=self.use_bias,
+                            norm=self.norm)
         self.gru_units = int(h_shape[-1])
         self.num_z_categoricals, self.num_z_classes = int(z_shape[-2]), int(z_shape[-1])
         in_shape = (None, self.latent_size)
@@ -353,7 +424,41 @@ class CriticNetwork(KerasTraining, keras.Model):
 
     def __call__(self, h, z=None, *args, **kwargs):
         h, z = _pair(h, z)
+        if not args and set(kwargs) <= {"use_ema"} and isinstance(kwargs.get("use_ema", False), bool):
+            use_ema = kwargs.get("use_ema", False)
+            return backend_lib.current().replay(self, self._variables, ("call", use_ema, self.forward_signature()),
+                                                self._call_ema if use_ema else self._call_fast, (h, z))
+        return self._keras_call(h, z, *args, **kwargs)
+
+    def _variables(self):
+        return self.weights
+
+    def _call_fast(self, h, z):
+        return self._keras_call(h, z)
+
+    def _call_ema(self, h, z):
+        return self._keras_call(h, z, use_ema=True)
+
+    def forward_signature(self) -> Tuple:
+        """What a forward pass's ops depend on besides the inputs and the weights' values: the dtype policy and
+        each Dense layer's quantization mode and LoRA state (changed by `quantize` / `enable_lora`)."""
+        layers = self.__dict__.get("_dense_layers")
+        if layers is None:
+            # A plain tuple, set past Keras's tracking (these layers are tracked as sub-layers already).
+            layers = (tuple(self.mlp.dense_layers) + tuple(self.mlp_ema.dense_layers)
+                      + (self.return_layer.reward_buckets_layer, self.return_layer_ema.reward_buckets_layer))
+            object.__setattr__(self, "_dense_layers", layers)
+        return (self.dtype_policy.name,) + tuple(
+            (layer.quantization_mode, getattr(layer, "lora_enabled", False)) for layer in layers)
+
+    def _keras_call(self, h, z, *args, **kwargs):
         # Before Keras's own checks, which refuse lists and name no argument.
+        unknown = sorted(set(kwargs) - {"use_ema", "training", "mask"})
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not an argument of the critic's call, expected critic(h, z) or "
+                             "critic(h, z, use_ema=True or False).")
+        if not isinstance(kwargs.get("use_ema", False), (bool, np.bool_)):
+            raise ValueError(f"use_ema: got {kwargs['use_ema']!r}, expected True or False.")
         dtype = self.compute_dtype
         h, z = real_tensor("h", h, dtype), real_tensor("z", z, dtype)
         if len(h.shape) <= 2 or len(z.shape) <= 3:
@@ -385,13 +490,24 @@ class CriticNetwork(KerasTraining, keras.Model):
             return None
         return self.gru_units + self.num_z_categoricals * self.num_z_classes
 
-    def on_latent(self, latent, use_ema=False):
+    def on_latent(self, latent, use_ema=False, outputs="both"):
         """The critic on one flat latent `[..., latent_size]`, as sheeprl, NM512, TorchRL and the official code
         pass it: `h` then `flatten(z)` (`input_layout="h_z"`) or `flatten(z)` then `h` (`"z_h"`).
 
         Any leading dims (`[T, B, D]`, `[D]`); returns `(value_symlog [...], logits [..., num_buckets])`
-        (an ensemble: `[K, ...]`, `[K, ..., num_buckets]`). On PyTorch it runs on the device of `latent`.
+        (an ensemble: `[K, ...]`, `[K, ..., num_buckets]`), or with `outputs="logits"` / `"value"` that one
+        alone (the other is not computed). On PyTorch it runs on the device of `latent`, eagerly from a graph
+        traced once per input signature (see `multicritic.backend.torch_replay`).
         """
+        if outputs not in _OUTPUTS:
+            raise ValueError(f"outputs: got {outputs!r}, expected one of {list(_OUTPUTS)}.")
+        if not isinstance(use_ema, (bool, np.bool_)):
+            raise ValueError(f"use_ema: got {use_ema!r}, expected True or False.")
+        return backend_lib.current().replay(
+            self, self._variables, ("on_latent", bool(use_ema), outputs, self.forward_signature()),
+            _OnLatent(self, bool(use_ema), outputs), (latent,))
+
+    def _on_latent(self, latent, use_ema, outputs):
         if not self.built:
             raise ValueError("on_latent: the critic has no variables yet; call it once or give its input sizes first.")
         latent = real_tensor("latent", latent, self.compute_dtype)
@@ -405,7 +521,8 @@ class CriticNetwork(KerasTraining, keras.Model):
             )
         with backend_lib.current().device_scope(latent):
             x = ops.cast(ops.reshape(latent, (-1, self.latent_size)), self.compute_dtype)
-            return self._unflatten(self._forward(x, use_ema), ops.shape(latent)[:-1])
+            value, logits = self._unflatten(self._forward(x, use_ema), ops.shape(latent)[:-1])
+        return {"both": (value, logits), "logits": logits, "value": value}[outputs]
 
     def decode(self, logits):
         """The symlog-space value `[...]` of the head's output `[..., num_buckets]` (`expected_value` for the
@@ -414,7 +531,7 @@ class CriticNetwork(KerasTraining, keras.Model):
         return heads.get(self.head).decode(logits, self.num_buckets, self.lower_bound, self.upper_bound,
                                            self.bin_scheme, **options)
 
-    def fast_module(self, outputs: str = "logits"):
+    def fast_module(self, outputs: str = "logits", layout=None):
         """A PyTorch `nn.Module` holding only the fast critic's parameters (the critic's own tensors).
 
         For a host's optimizer and soft-update code: `fast_module()` and
@@ -423,20 +540,25 @@ class CriticNetwork(KerasTraining, keras.Model):
         EMA view's do not require gradients. `forward(latent)` (or
         `forward(h, z)`) returns the logits (`outputs="logits"`, as sheeprl's,
         NM512's and TorchRL's critics), the symlog value (`"value"`) or both
-        (`"both"`). PyTorch backend only.
+        (`"both"`). `layout`: `[(name, variable, transpose), ...]`, a host's
+        parameter names, order and shapes (`multicritic.interop`'s
+        `*_modules` give them), so that the module's `state_dict()` and an
+        optimizer's state over it are the host's own critic's. PyTorch
+        backend only.
         """
-        return backend_lib.current().module_view(self, use_ema=False, outputs=outputs)
+        return backend_lib.current().module_view(self, use_ema=False, outputs=outputs, layout=layout)
 
-    def ema_module(self, outputs: str = "logits"):
+    def ema_module(self, outputs: str = "logits", layout=None):
         """`fast_module`'s twin holding only the EMA (slow, target) critic's parameters."""
-        return backend_lib.current().module_view(self, use_ema=True, outputs=outputs)
+        return backend_lib.current().module_view(self, use_ema=True, outputs=outputs, layout=layout)
 
-    def torch_module(self):
+    def torch_module(self, layout=None):
         """The whole critic as one PyTorch `nn.Module` with the interface of RLlib's PyTorch `CriticNetwork`:
         `forward(h, z=None, return_logits=False, use_ema=False)` (the symlog value, and the logits; `z=None`:
         `h` is a flat latent), `init_ema()`, `update_ema()`; `fast` and `ema` views as submodules, so
-        `parameters()` lists the fast weights then the frozen EMA copy. PyTorch backend only."""
-        return backend_lib.current().module_view(self, use_ema=None, outputs="both")
+        `parameters()` lists the fast weights then the frozen EMA copy. `layout`: `(fast, ema)` layouts (see
+        `fast_module`), whose names the module's own parameters take. PyTorch backend only."""
+        return backend_lib.current().module_view(self, use_ema=None, outputs="both", layout=layout)
 
     def view_names(self) -> List[str]:
         """The parameter names of `fast_module()` / `ema_module()`, in the order of `fast_weights`."""
@@ -465,20 +587,37 @@ class CriticNetwork(KerasTraining, keras.Model):
         """Reduces member values `[K, ...]` to `[...]` as `aggregation` says (`"members"`: unchanged).
 
         With one member, `values` (`[...]`, no member axis) come back as they
-        are. `seed`: for `"min_of_random"`, an int or a
-        `keras.random.SeedGenerator` (the same members are drawn for every
-        position of the batch, as REDQ / TD-MPC2 do per update).
+        are. `seed`: for `"min_of_random"`, an int in [0, 2^32), or a pair
+        `(seed, counter)` of int32 scalars (tensors inside a compiled step):
+        the members drawn are a pure function of it (`multicritic.draws`), the
+        same for every position of the batch, as REDQ / TD-MPC2 draw per
+        update; `None` draws from Keras's global random state.
+
+        `values` must hold one row per member (`[K, ...]`, K = `ensemble_size`): another leading size
+        raises a `ValueError`.
         """
-        if self.ensemble_size == 1 or self.aggregation == "members":
+        if self.ensemble_size == 1:
+            return values
+        values = real_tensor("values", values, "float32")
+        shape = _shape(values.shape)
+        if not shape or shape[0] not in (None, self.ensemble_size):
+            raise ValueError(f"values: got shape {list(shape)}, expected [{self.ensemble_size}, ...] (one row per "
+                             f"member of this ensemble of {self.ensemble_size}).")
+        if self.aggregation == "members":
             return values
         if self.aggregation == "mean":
             return ops.mean(values, axis=0)
         if self.aggregation == "min":
-            return ops.min(values, axis=0)
-        keys = keras.random.uniform((self.ensemble_size,), seed=seed)
+            return ops.amin(values, axis=0)
+        if seed is None:
+            keys = keras.random.uniform((self.ensemble_size,))
+        elif isinstance(seed, (tuple, list)) and len(seed) == 2:
+            keys = draws.uniform_keys(self.ensemble_size, seed[0], seed[1])
+        else:
+            keys = draws.uniform_keys(self.ensemble_size, draws.as_int32(integer("seed", seed, low=0, high=2**32 - 1)), 0)
         drawn = keys <= ops.sort(keys)[self.aggregation_subset - 1]
         drawn = ops.reshape(drawn, (self.ensemble_size,) + (1,) * (len(values.shape) - 1))
-        return ops.min(ops.where(drawn, values, float("inf")), axis=0)
+        return ops.amin(ops.where(drawn, values, float("inf")), axis=0)
 
     def _member_shape(self, var) -> Tuple[int, ...]:
         shape = tuple(var.shape)[1:]
@@ -508,6 +647,9 @@ class CriticNetwork(KerasTraining, keras.Model):
         from multicritic import integrity
 
         self._check_member(member)
+        if weights is None or isinstance(weights, (str, bytes, dict, np.ndarray)) or not hasattr(weights, "__iter__"):
+            raise ValueError(f"weights: got a {type(weights).__name__}, expected a list of arrays (a single critic's "
+                             "get_weights()).")
         weights = list(weights)
         if len(weights) != len(self.weights):
             raise ValueError(f"weights: got {len(weights)} arrays, expected {len(self.weights)} (a single critic's).")
@@ -678,17 +820,23 @@ class CriticNetwork(KerasTraining, keras.Model):
         runs an export with its own runtime (TensorFlow, onnxruntime, LiteRT).
 
         Args:
-            filepath: a directory (`tf_saved_model`), a `.onnx` or a `.tflite` file.
+            filepath: a directory (`tf_saved_model`), a `.onnx` or a `.tflite` file,
+                in an existing directory (a path of the other kind is refused).
             format: `"tf_saved_model"`, `"onnx"` or `"litert"`.
-            use_ema: export the EMA (slow) critic instead of the fast one.
+            use_ema: True or False: export the EMA (slow) critic instead of
+                the fast one.
             compute_dtype: `"float32"` (default): a critic trained under a
                 mixed precision policy is exported computing in float32 with
                 its (float32) weights, which every runtime runs as Keras
                 does; `None`: the critic's own policy (ONNX Runtime and LiteRT
                 have no CPU kernels for some bfloat16 / float16 ops).
-            verbose, input_signature, **kwargs: Keras's `Model.export`
-                (default signature: `h [None, gru_units]`, `z [None, cats,
-                classes]`, float32).
+            verbose: as Keras's `Model.export` (True, False or None).
+            input_signature: as Keras's `Model.export` (default: `h [None,
+                gru_units]`, `z [None, cats, classes]`, float32).
+            **kwargs: passed to Keras's `Model.export`; options the format
+                does not take are refused (`tf_saved_model`: `is_static`,
+                `jax2tf_kwargs`; `onnx`: `opset_version`; `litert`: the
+                TFLite converter's attributes, which Keras checks).
         """
         from multicritic import export as export_lib
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import keras
+import numpy as np
 from keras import ops
 
 from multicritic import backend as backends
@@ -11,6 +14,8 @@ from multicritic.backend.runtimes import load_exported  # noqa: F401  (the runti
 FORMATS = ("tf_saved_model", "onnx", "litert")
 # The (backend, format) pairs that export with a dynamic batch and reload with the format's own runtime (tested).
 SUPPORTED = backends.EXPORT_FORMATS
+# Keras's `Model.export` options per format (LiteRT's are the TFLite converter's attributes: Keras refuses others).
+EXPORT_OPTIONS = {"tf_saved_model": ("is_static", "jax2tf_kwargs"), "onnx": ("opset_version",), "litert": None}
 
 
 def serving_inverse_symlog(y):
@@ -54,11 +59,41 @@ def float32_copy(critic):
     return copy
 
 
+def check_path(filepath, format, what="filepath", exists=False) -> str:
+    """`filepath` as a str, checked for `format` (a directory for `tf_saved_model`, a file otherwise): the
+    path must not be the other kind, and its folder must exist (`exists`: the path itself must)."""
+    if not isinstance(filepath, (str, os.PathLike)) or not os.fspath(filepath):
+        raise ValueError(f"{what}: got {filepath!r}, expected a path (a str or os.PathLike).")
+    path = os.fspath(filepath)
+    if isinstance(path, bytes):
+        raise ValueError(f"{what}: got {filepath!r}, expected a path (a str or os.PathLike).")
+    kind = "directory" if format == "tf_saved_model" else "file"
+    other = os.path.isfile(path) if kind == "directory" else os.path.isdir(path)
+    if other:
+        raise ValueError(f"{what}: {path!r} is a {'file' if kind == 'directory' else 'directory'}, expected a {kind} "
+                         f"path for format {format!r}.")
+    if exists and not os.path.exists(path):
+        raise ValueError(f"{what}: {path!r} does not exist, expected a {format!r} export ({kind}).")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{what}: {path!r} is in {folder!r}, which is not an existing directory.")
+    return path
+
+
 def export(critic, filepath, format="tf_saved_model", verbose=None, use_ema=False, compute_dtype="float32", **kwargs):
     """See `CriticNetwork.export`."""
     current = backends.current()
-    if format not in FORMATS:
+    if not isinstance(format, str) or format not in FORMATS:
         raise ValueError(f"format: got {format!r}, expected one of {list(FORMATS)}.")
+    if not isinstance(use_ema, (bool, np.bool_)):
+        raise ValueError(f"use_ema: got {use_ema!r}, expected True or False.")
+    if verbose is not None and not isinstance(verbose, (bool, np.bool_)):
+        raise ValueError(f"verbose: got {verbose!r}, expected True, False or None.")
+    allowed = EXPORT_OPTIONS[format]
+    unknown = sorted(k for k in kwargs if k != "input_signature" and allowed is not None and k not in allowed)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not an option of export with format {format!r}; expected use_ema, "
+                         f"compute_dtype, verbose, input_signature or Keras's {list(allowed)}.")
     if format not in current.export_formats:
         pairs = ", ".join(f"{b}: {', '.join(f)}" for b, f in SUPPORTED.items())
         why = current.export_limits.get(format, "not supported")
@@ -69,6 +104,7 @@ def export(critic, filepath, format="tf_saved_model", verbose=None, use_ema=Fals
         raise ValueError("export: the critic is not built yet; call it once on a batch (or give its input sizes).")
     if compute_dtype not in ("float32", None):
         raise ValueError(f"compute_dtype: got {compute_dtype!r}, expected 'float32' or None (the critic's policy).")
+    filepath = check_path(filepath, format)
     serving = ServingCritic(float32_copy(critic) if compute_dtype == "float32" else critic, use_ema=use_ema)
     kwargs.setdefault("input_signature", input_signature(critic))
-    return serving.export(str(filepath), format=format, verbose=verbose, **kwargs)
+    return serving.export(filepath, format=format, verbose=None if verbose is None else bool(verbose), **kwargs)

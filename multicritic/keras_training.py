@@ -12,13 +12,15 @@ trainers). Keras compiles the step (`tf.function`, `jax.jit`, eager PyTorch or
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Dict, List
 
 import keras
+import numpy as np
 from keras import ops
 
 from multicritic import backend
-from multicritic.validation import fmt
+from multicritic.validation import fmt, integer, real_values
 
 # Options of `compile` that configure the trainer (the rest are Keras's).
 TRAINER_OPTIONS = {
@@ -36,6 +38,8 @@ TRAINER_OPTIONS = {
     "epsilon": 1e-5,
 }
 _UNSUPPORTED = ("metrics", "weighted_metrics", "loss_weights", "auto_scale_loss")
+# Options of the default optimizer: with an optimizer of one's own they would be ignored.
+_DEFAULT_OPTIMIZER_OPTIONS = ("learning_rate", "epsilon")
 _DREAM_KEYS = ("h", "z", "rewards", "continues")
 _DIRECT_KEYS = ("h", "z", "value_targets", "loss_weights")
 
@@ -99,14 +103,23 @@ class KerasTraining:
 
         Args:
             optimizer: a Keras optimizer (instance, name or config); `None`:
-                Adam with `learning_rate` and `epsilon`, the reference's. Give
-                it no `clipnorm` of its own (`grad_clip` clips).
+                Adam with `learning_rate` and `epsilon`, the reference's. One
+                that clips on its own (`clipnorm`, `clipvalue`,
+                `global_clipnorm`) is refused while `grad_clip` is set
+                (`grad_clip` clips), and so are `learning_rate` / `epsilon`
+                with it (they configure the default Adam only).
             loss: `None` or `"critic_loss"`: the critic loss (the only one).
-            jit_compile, steps_per_execution, run_eagerly: Keras's.
+            jit_compile: True, False or `"auto"` (see `CriticTrainer`).
+            steps_per_execution: an integer >= 1 (Keras's).
+            run_eagerly: True or False (Keras's).
             **kwargs: `CriticTrainer`'s options: `gamma`, `lambda_`,
                 `grad_clip`, `ema_update_period`, `ema_regularizer_weight`,
                 `ema_regularizer`, `ema_targets`, `seed`, `learning_rate`,
                 `epsilon`.
+
+        Everything is checked before anything changes: an unknown or
+        out-of-range argument raises a `ValueError` naming it, and the critic
+        stays compiled as it was (or not compiled).
         """
         from multicritic.training.trainer import CriticTrainer  # the trainer imports the critic
 
@@ -123,16 +136,38 @@ class KerasTraining:
             raise ValueError(f"loss: got {loss!r}, expected None or 'critic_loss' (the critic's own loss).")
         if not self.built:
             raise ValueError("compile: the critic is not built yet; call it once on a batch (or give its input sizes).")
+        if jit_compile not in (True, False, "auto") or isinstance(jit_compile, (int, float)) and not isinstance(
+                jit_compile, bool):
+            raise ValueError(f"jit_compile: got {jit_compile!r}, expected True, False or 'auto'.")
+        if not isinstance(run_eagerly, (bool, np.bool_)):
+            raise ValueError(f"run_eagerly: got {run_eagerly!r}, expected True or False.")
+        steps_per_execution = integer("steps_per_execution", steps_per_execution)
         options = {k: kwargs.get(k, v) for k, v in TRAINER_OPTIONS.items()}
-        if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
-            optimizer = keras.optimizers.get(optimizer)
+        if optimizer is not None:
+            given = [k for k in _DEFAULT_OPTIMIZER_OPTIONS if k in kwargs]
+            if given:
+                raise ValueError(
+                    f"{given[0]}: got {kwargs[given[0]]!r} with an optimizer of its own "
+                    f"({type(optimizer).__name__}), expected no {given[0]} (it configures the default Adam only); "
+                    "set it on the optimizer instead."
+                )
+            if not isinstance(optimizer, keras.optimizers.Optimizer):
+                try:
+                    optimizer = keras.optimizers.get(optimizer)
+                except (ValueError, TypeError) as err:
+                    raise ValueError(
+                        f"optimizer: got {optimizer!r}, expected a Keras optimizer (an instance, a name such as "
+                        f"'adam', or a config) or None ({err})."
+                    ) from None
         if optimizer is None:
             optimizer = keras.optimizers.Adam(learning_rate=options["learning_rate"], epsilon=options["epsilon"])
         if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(
             optimizer, keras.optimizers.LossScaleOptimizer
         ):
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        trainer = CriticTrainer(self, optimizer, step_counter=optimizer.iterations, check_finite=False, **options)
+        # Checks the trainer options (and refuses an optimizer clipping on top of `grad_clip`) before any change.
+        trainer = CriticTrainer(self, optimizer, step_counter=optimizer.iterations, check_finite=False,
+                                jit_compile=False if run_eagerly else jit_compile, **options)
         regularize = trainer.ema_regularizer_weight > 0.0
         trackers = {"total": keras.metrics.Mean(name="total")}
         for name in _metric_names(self, regularize)[1:] + ["grad_norm"]:
@@ -142,9 +177,9 @@ class KerasTraining:
         super().compile(
             optimizer=trainer.optimizer,
             loss=None,
-            jit_compile=jit_compile,
+            jit_compile=backend.current().keras_jit_compile(jit_compile),
             steps_per_execution=steps_per_execution,
-            run_eagerly=run_eagerly,
+            run_eagerly=bool(run_eagerly),
         )
 
     @property
@@ -179,6 +214,9 @@ class KerasTraining:
         optimizer = config.pop("optimizer", None)
         if optimizer is not None:
             optimizer = keras.saving.deserialize_keras_object(optimizer)
+            # The saved optimizer carries its own (these configured the default Adam only).
+            for name in _DEFAULT_OPTIMIZER_OPTIONS:
+                config.pop(name, None)
         self.compile(optimizer=optimizer, **config)
 
     # ------------------------------------------------------------------
@@ -221,8 +259,8 @@ class KerasTraining:
         return "direct", self._direct_batch(x[0], x[1], y, weights)
 
     def _inputs(self, h, z, lead_rank):
-        h = ops.cast(h, "float32")
-        z = ops.cast(z, "float32")
+        h = ops.cast(real_values("h", h), "float32")
+        z = ops.cast(real_values("z", z), "float32")
         if len(h.shape) != lead_rank + 1 or len(z.shape) != lead_rank + 2:
             axes = "[B, ...]" if lead_rank == 1 else "[B, H+1, ...] (batch-major)"
             raise ValueError(
@@ -230,12 +268,16 @@ class KerasTraining:
                 f"h [..., {self.gru_units}] and z [..., {self.num_z_categoricals}, {self.num_z_classes}]."
             )
         lead = tuple(h.shape[:lead_rank])
+        if 0 in lead:
+            raise ValueError(f"h: got shape {fmt(tuple(h.shape))}, an empty batch; expected at least one row.")
         self._check_inputs((None,) + tuple(h.shape[lead_rank:]), (None,) + tuple(z.shape[lead_rank:]))
         return h, z, lead
 
-    def _per_position(self, name, x, lead):
+    def _per_position(self, name, x, lead, per_stream=False):
+        """`x` (one value per position of `lead`) as float32; `per_stream`: a `MultiCritic` takes one such
+        array per stream, as a dict, and a single critic one array."""
         def one(x, name):
-            x = ops.cast(x, "float32")
+            x = ops.cast(real_values(name, x), "float32")
             if len(x.shape) == len(lead) + 1 and x.shape[-1] == 1:
                 x = ops.squeeze(x, -1)
             known = all(a is None or b is None or a == b for a, b in zip(x.shape, lead))
@@ -243,19 +285,26 @@ class KerasTraining:
                 raise ValueError(f"{name}: got shape {fmt(tuple(x.shape))}, expected {fmt(lead)} (one per position).")
             return x
 
-        if isinstance(x, dict):
-            return {k: one(v, f"{name}[{k!r}]") for k, v in x.items()}
-        return one(x, name)
+        streams = getattr(self, "stream_names", None)  # a MultiCritic's
+        if not per_stream or streams is None:
+            if isinstance(x, dict):
+                why = "shared by the streams" if streams is not None else "the critic has one reward stream"
+                raise ValueError(f"{name}: got a dict with keys {sorted(x)}, expected one array ({why}).")
+            return one(x, name)
+        if not isinstance(x, dict) or sorted(x) != sorted(streams):
+            got = f"a dict with keys {sorted(x)}" if isinstance(x, dict) else "one array"
+            raise ValueError(f"{name}: got {got}, expected a dict with one array per stream {list(streams)}.")
+        return {k: one(x[k], f"{name}[{k!r}]") for k in streams}
 
     def _direct_batch(self, h, z, targets, weights):
         h, z, lead = self._inputs(h, z, 1)
-        targets = self._per_position("y (value_targets)", targets, lead)
+        targets = self._per_position("y (value_targets)", targets, lead, per_stream=True)
         weights = ops.ones_like(h[:, 0]) if weights is None else self._per_position("sample_weight", weights, lead)
         return h, z, targets, weights
 
     def _dream_batch(self, h, z, rewards, continues):
         h, z, lead = self._inputs(h, z, 2)
-        rewards = self._per_position("rewards", rewards, lead)
+        rewards = self._per_position("rewards", rewards, lead, per_stream=True)
         continues = self._per_position("continues", continues, lead)
 
         def time_major(x):
@@ -264,17 +313,88 @@ class KerasTraining:
         return tuple(time_major(x) for x in (h, z, rewards, continues))
 
     # ------------------------------------------------------------------
+    # Keras's entry points: arguments and host data checked before Keras runs anything.
+
+    def fit(self, *args, **kwargs):
+        arguments = self._arguments("fit", args, kwargs)
+        self._check_data("x", arguments.get("x"), arguments.get("y"), arguments.get("sample_weight"))
+        validation = arguments.get("validation_data")
+        if isinstance(validation, (tuple, list)) and 2 <= len(validation) <= 3:
+            self._check_data("validation_data", *validation)
+        return super().fit(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        arguments = self._arguments("evaluate", args, kwargs)
+        self._check_data("x", arguments.get("x"), arguments.get("y"), arguments.get("sample_weight"))
+        return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        arguments = self._arguments("predict", args, kwargs)
+        self._check_data("x", arguments.get("x"), targets=False)
+        return super().predict(*args, **kwargs)
+
+    def train_on_batch(self, *args, **kwargs):
+        arguments = self._arguments("train_on_batch", args, kwargs)
+        self._check_data("x", arguments.get("x"), arguments.get("y"), arguments.get("sample_weight"))
+        return super().train_on_batch(*args, **kwargs)
+
+    def test_on_batch(self, *args, **kwargs):
+        arguments = self._arguments("test_on_batch", args, kwargs)
+        self._check_data("x", arguments.get("x"), arguments.get("y"), arguments.get("sample_weight"))
+        return super().test_on_batch(*args, **kwargs)
+
+    def _arguments(self, method, args, kwargs) -> Dict[str, object]:
+        """Keras's `method(*args, **kwargs)` bound to its signature (an unknown keyword raises `TypeError`
+        there, as Keras's would), after the checks every call of it gets."""
+        signature = inspect.signature(getattr(super(), method))
+        arguments = dict(signature.bind(*args, **kwargs).arguments)
+        if method != "predict":
+            self._require_compiled(method)
+        if arguments.get("class_weight") is not None:
+            raise ValueError(
+                f"class_weight: got {arguments['class_weight']!r}, expected None (the critic's targets are values, "
+                "not classes; weigh positions with sample_weight)."
+            )
+        return arguments
+
+    def _check_data(self, name, x, y=None, sample_weight=None, targets=True):
+        """Host data (numpy arrays, backend tensors, in tuples or dicts) is checked here, before Keras runs
+        anything: real numbers, at least one row, and (`targets`: fit, evaluate) as a batch (structure,
+        shapes, streams). Other sources (datasets, generators, `PyDataset`s, `DataLoader`s) are
+        checked batch by batch in the step, which leaves the state as it was when it refuses one."""
+        parts = [(name, x), ("y", y), ("sample_weight", sample_weight)]
+        leaves = []
+        for part, value in parts:
+            if value is None:
+                continue
+            flat = keras.tree.flatten(value)
+            if not flat or not all(isinstance(a, np.ndarray) or ops.is_tensor(a) for a in flat):
+                return
+            leaves += [(part, a) for a in flat]
+        for part, array in leaves:
+            real_values(part, array)
+            if len(array.shape) == 0 or array.shape[0] == 0:
+                raise ValueError(f"{part}: got an array of shape {fmt(tuple(array.shape))}, expected at least one "
+                                 "row (batches are taken along the first axis).")
+        if targets and leaves:
+            # Symbolically (shapes and dtypes, no copy of the data): the step's own checks, on whole arrays.
+            data = tuple(v for v in (x, y, sample_weight) if v is not None)
+            self._fit_batch(keras.tree.map_structure(
+                lambda a: keras.KerasTensor(tuple(a.shape), keras.backend.standardize_dtype(a.dtype)), data))
+
+    # ------------------------------------------------------------------
     # Steps.
 
     def make_train_function(self, force=False):
         super().make_train_function(force)
         inner = self.train_function
         if inner is not None and not getattr(inner, "multicritic", False):
+            select = self._per_signature("train", inner)
 
             def train_function(*args):
                 fit = getattr(self, "_fit", None)
                 if fit is None or fit.skip_batches <= 0:
-                    return self._keep_state_on_error(inner, args, self._train_groups)
+                    return self._keep_state_on_error(select(args[-1]), args, self._train_groups)
                 fit.skip_batches -= 1
                 source = args[-1]
                 if hasattr(source, "__next__"):  # TF and JAX pass an iterator, PyTorch the fetched batch
@@ -289,13 +409,56 @@ class KerasTraining:
         super().make_test_function(force)
         inner = self.test_function
         if inner is not None and not getattr(inner, "multicritic", False):
+            select = self._per_signature("test", inner)
 
             def test_function(*args):
-                return self._keep_state_on_error(inner, args, self._test_groups)
+                return self._keep_state_on_error(select(args[-1]), args, self._test_groups)
 
             test_function.multicritic = True
             self.test_function = test_function
         return self.test_function
+
+    def make_predict_function(self, force=False):
+        super().make_predict_function(force)
+        inner = self.predict_function
+        if inner is not None and not getattr(inner, "multicritic", False):
+
+            def predict_function(*args):
+                return self._keep_state_on_error(inner, args, self._predict_groups)
+
+            predict_function.multicritic = True
+            self.predict_function = predict_function
+        return self.predict_function
+
+    def _per_signature(self, kind, first):
+        """`select(source)`: Keras's step function of `kind` (`"train"`, `"test"`) for a batch source, one
+        per batch signature where the backend names one (`Backend.keras_batch_signature`): a step traced for
+        one horizon is never relaxed to another (the dream loss unrolls over a static horizon)."""
+        functions = {}
+
+        def select(source):
+            key = backend.current().keras_batch_signature(source)
+            if key is None:
+                return first
+            if not functions:
+                functions[key] = first
+            if key not in functions:
+                functions[key] = self._fresh_function(kind)
+            return functions[key]
+
+        return select
+
+    def _fresh_function(self, kind):
+        """A new Keras step function of `kind`, leaving `self.<kind>_function` (the wrapper) as it is."""
+        attribute = f"{kind}_function"
+        wrapper = getattr(self, attribute)
+        if kind == "train":
+            super().make_train_function(force=True)
+        else:
+            super().make_test_function(force=True)
+        fresh = getattr(self, attribute)
+        setattr(self, attribute, wrapper)
+        return fresh
 
     def _train_groups(self):
         return (self.trainable_variables, self.non_trainable_variables, self.optimizer.variables,
@@ -303,6 +466,9 @@ class KerasTraining:
 
     def _test_groups(self):
         return self.trainable_variables, self.non_trainable_variables, self.metrics_variables
+
+    def _predict_groups(self):
+        return self.trainable_variables, self.non_trainable_variables
 
     def _keep_state_on_error(self, fn, args, groups):
         """Runs Keras's step function; a stateless backend (JAX: `args = (state, data)`) has taken the
@@ -342,13 +508,13 @@ class KerasTraining:
             def apply(grads, metrics):
                 return self._record(trainer._apply(grads, metrics), names)
 
-            program = fit.programs[kind] = dataclasses.replace(trainer._program(loss), apply=apply, jit_compile=False)
+            program = fit.programs[kind] = dataclasses.replace(trainer._program(loss), apply=apply)
         return program
 
-    def _require_compiled(self):
+    def _require_compiled(self, what="fit"):
         if getattr(self, "_fit", None) is None:
-            raise ValueError("fit: the critic is not compiled; call critic.compile() (no arguments: the reference's "
-                             "optimizer and loss) first.")
+            raise ValueError(f"{what}: the critic is not compiled; call critic.compile() (no arguments: the "
+                             "reference's optimizer and loss) first.")
 
     def train_step(self, *args):
         self._require_compiled()

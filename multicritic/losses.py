@@ -93,8 +93,10 @@ def critic_loss(
         loss_weights: `[...]` per-position weights (dream loss weights).
             Targets, `ema_value_symlog` and weights may carry a trailing 1
             (`[..., 1]`, as sheeprl and NM512 keep them).
-        num_buckets, lower_bound, upper_bound, bin_scheme: the bucket support
-            (see `multicritic.bins`).
+        num_buckets: buckets of the support (see `multicritic.bins`).
+        lower_bound: symlog-space lower end of the support.
+        upper_bound: symlog-space upper end of the support.
+        bin_scheme: `"uniform_symlog"` or `"symexp"` (see `multicritic.bins`).
         ema_regularizer: `"two_hot_mean"` or `"distribution"`.
         ema_regularizer_weight: `rw`, the regulariser's weight (1.0 in the
             reference).

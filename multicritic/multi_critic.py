@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Dict, List, Mapping, Optional
 
 import keras
 
-from multicritic.critic import CriticNetwork, _pair
+from multicritic.critic import TRAINING_OPTIONS, CriticNetwork, _pair
 from multicritic.keras_training import KerasTraining
-from multicritic.normalizer import ReturnNormalizer
+from multicritic.normalizer import IMPLS, ReturnNormalizer
 from multicritic.validation import number
+
+# What a critic given as a dict may hold: `CriticNetwork`'s options, what its `get_config()` writes, and the
+# training options older configs hold.
+_CRITIC_CONFIG_KEYS = (frozenset(inspect.signature(CriticNetwork.__init__).parameters) - {"self", "kwargs"}
+                       | {"name", "dtype", "trainable"} | set(TRAINING_OPTIONS))
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
@@ -69,6 +75,10 @@ class MultiCritic(KerasTraining, keras.Model):
             if not isinstance(stream, str) or not stream.isidentifier():
                 raise ValueError(f"critics: stream name {stream!r} is not an identifier.")
             if isinstance(critic, Mapping):
+                unknown = sorted(str(k) for k in critic if k not in _CRITIC_CONFIG_KEYS)
+                if unknown:
+                    raise ValueError(f"critics[{stream!r}]: got the option {unknown[0]!r}, expected options of "
+                                     "CriticNetwork (or its get_config()).")
                 critic = CriticNetwork.from_config(dict(critic, name=stream))
             if not isinstance(critic, CriticNetwork):
                 raise ValueError(f"critics[{stream!r}]: got {type(critic).__name__}, expected a CriticNetwork.")
@@ -79,12 +89,20 @@ class MultiCritic(KerasTraining, keras.Model):
         sizes = {(c.gru_units, c.num_z_categoricals, c.num_z_classes) for c in built.values()}
         if len(sizes) != 1 or None in next(iter(sizes)):
             raise ValueError(f"critics: got input sizes {sorted(map(str, sizes))}, expected built critics of one size.")
+        for what, given in (("stream_weights", stream_weights), ("normalizers", normalizers)):
+            if given is not None and not isinstance(given, Mapping):
+                raise ValueError(f"{what}: got a {type(given).__name__}, expected a dict {{stream: value}} or None.")
         stream_weights = dict(stream_weights or {})
         normalizers = dict(normalizers or {})
         for what, given in (("stream_weights", stream_weights), ("normalizers", normalizers)):
-            unknown = sorted(set(given) - set(built))
+            unknown = sorted(map(str, set(given) - set(built)))
             if unknown:
                 raise ValueError(f"{what}: got streams {unknown}, expected some of {list(built)}.")
+        shared = [s for s, n in normalizers.items() if isinstance(n, ReturnNormalizer)
+                  and sum(n is other for other in normalizers.values()) > 1]
+        if shared:
+            raise ValueError(f"normalizers: got one ReturnNormalizer object for the streams {shared}, expected one "
+                             "per stream (each stream's returns have their own statistics).")
         self.stream_names: List[str] = list(built)
         self.critics = built
         self.stream_weights = {s: number(f"stream_weights[{s!r}]", stream_weights.get(s, 1.0), low=0.0) for s in built}
@@ -92,6 +110,9 @@ class MultiCritic(KerasTraining, keras.Model):
         for s in built:
             norm = normalizers.get(s, "perc_ema")
             if isinstance(norm, str):
+                if norm not in IMPLS:
+                    raise ValueError(f"normalizers[{s!r}]: got {norm!r}, expected one of {list(IMPLS)}, a config "
+                                     "or a ReturnNormalizer.")
                 norm = ReturnNormalizer(impl=norm, name=f"normalizer_{s}")
             elif isinstance(norm, Mapping):
                 norm = ReturnNormalizer.from_config(dict(norm, name=f"normalizer_{s}"))

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Dict, Mapping, Tuple
 
 import keras
+import numpy as np
 from keras import ops
 
 from multicritic import backend as _backend
-from multicritic.validation import as_float32, number
+from multicritic.validation import as_float32, fmt, number, real_values
 
 IMPLS = ("perc", "perc_ema", "meanstd", "none")
 
@@ -46,6 +48,15 @@ class ReturnNormalizer(keras.layers.Layer):
       `scale = max(limit, sqrt(relu(sqmean c - (mean c)^2)))`.
     - none: `offset = 0`, `scale = 1`.
 
+    Non-finite returns never enter the statistics: a batch's statistics are
+    those of its finite returns, and an update whose statistics are not
+    finite (no finite return, an empty batch, a mean of squares beyond
+    float32's range) leaves every state variable as it was, inside compiled
+    steps too (as a trainer skips a step). Host data (numpy arrays, Python
+    numbers) holding a non-finite value, an empty batch or statistics
+    float32 cannot hold is refused with a `ValueError` instead, before
+    anything changes.
+
     `normalize(x) = (x - offset()) / scale()`. Advantages divided by `scale()`
     keep their size whatever the reward scale, and small returns are not
     blown up. The state variables are float32 scalars, non-trainable, start at
@@ -59,11 +70,13 @@ class ReturnNormalizer(keras.layers.Layer):
 
     Args:
         impl: `"perc_ema"` (default), `"perc"`, `"meanstd"` or `"none"`.
-        decay: the EMA decay, in `[0, 1)` (0.99).
+        decay: the EMA decay, in `[0, 1)` (None: 0.99, or `1 - rate`).
         rate: the EMA rate, the 2024 code's name, in `(0, 1]`; if given,
-            `decay = 1 - rate` (None: `rate = 1 - decay`).
-        low_percentile, high_percentile: the percentiles in `[0, 100]`,
-            low < high (5, 95).
+            `decay = 1 - rate` (None: `rate = 1 - decay`). Give one of the
+            two (both: only if `decay == 1 - rate`).
+        low_percentile: the low percentile in `[0, 100]`, below
+            `high_percentile` (5).
+        high_percentile: the high percentile in `[0, 100]` (95).
         limit: the smallest scale, > 0 (1.0; the 2024 code uses 1 for its
             return normaliser).
         debias: divide the EMAs by `max(rate, corr)` (the 2024 code's
@@ -90,7 +103,7 @@ class ReturnNormalizer(keras.layers.Layer):
         self,
         *,
         impl="perc_ema",
-        decay=0.99,
+        decay=None,
         rate=None,
         low_percentile=5.0,
         high_percentile=95.0,
@@ -102,13 +115,12 @@ class ReturnNormalizer(keras.layers.Layer):
             raise ValueError(f"impl: got {impl!r}, expected one of {list(IMPLS)}.")
         if rate is not None:
             rate = number("rate", rate, low=0.0, high=1.0, low_open=True)
-            given = number("decay", decay, low=0.0, high=1.0)
-            if given != 0.99 and abs(given - (1.0 - rate)) > 1e-12:
+            if decay is not None and abs(number("decay", decay, low=0.0, high=1.0) - (1.0 - rate)) > 1e-12:
                 raise ValueError(f"rate/decay: got rate={rate!r} and decay={decay!r}, expected one of them "
                                  "(decay = 1 - rate).")
             decay = 1.0 - rate
         else:
-            decay = number("decay", decay, low=0.0, high=1.0)
+            decay = number("decay", 0.99 if decay is None else decay, low=0.0, high=1.0)
             if decay >= 1.0:
                 raise ValueError(f"decay: got {decay!r}, expected a finite number in [0, 1) (rate = 1 - decay > 0).")
             rate = 1.0 - decay
@@ -147,38 +159,96 @@ class ReturnNormalizer(keras.layers.Layer):
         return STATISTIC_NAMES[self.impl]
 
     def statistics(self, returns) -> Dict[str, object]:
-        """`{name: float32 scalar}`: the statistics of one batch of `returns` (any shape), as it is (no
-        all-gather): the percentiles (perc, perc_ema), `mean(x)` and `mean(x^2)` (meanstd), nothing (none)."""
+        """`{name: float32 scalar}`: the statistics of the finite values of one batch of `returns` (any
+        shape), as it is (no all-gather): the percentiles (perc, perc_ema), `mean(x)` and `mean(x^2)`
+        (meanstd), nothing (none). Not finite when no value is (an update from them changes nothing).
+
+        Host data is checked first: a `ValueError` for non-finite values or an empty batch."""
+        returns = self._returns(returns)
         if self.impl == "none":
             return {}
-        x = ops.reshape(as_float32(returns), (-1,))
+        x = ops.reshape(returns, (-1,))
+        finite = ops.isfinite(x)
+        count = ops.sum(ops.cast(finite, "float32"))
         if self.impl == "meanstd":
-            return {"return_mean": ops.mean(x), "return_sqmean": ops.mean(ops.square(x))}
-        q = ops.quantile(x, [self.low_percentile / 100.0, self.high_percentile / 100.0])
-        return {"return_low": q[0], "return_high": q[1]}
+            kept = ops.where(finite, x, 0.0)
+            # 0 / 0 (no finite value) is NaN: such statistics change nothing.
+            return {"return_mean": ops.sum(kept) / count, "return_sqmean": ops.sum(ops.square(kept)) / count}
+        # Percentiles with linear interpolation (numpy's default) over the finite values, sorted first.
+        ordered = ops.sort(ops.where(finite, x, float("inf")))
+        last = ops.maximum(count - 1.0, 0.0)
+
+        def percentile(q):
+            position = (q / 100.0) * (count - 1.0)
+            below = ops.floor(position)
+            i = ops.cast(ops.maximum(below, 0.0), "int32")
+            j = ops.cast(ops.minimum(below + 1.0, last), "int32")
+            a, b = ops.take(ordered, i), ops.take(ordered, j)
+            value = a + (position - below) * (b - a)
+            return ops.where(count > 0.0, value, float("nan"))
+
+        return {"return_low": percentile(self.low_percentile), "return_high": percentile(self.high_percentile)}
+
+    def _returns(self, returns):
+        """`returns` as float32 (a backend tensor or host data); host data must be finite and not empty."""
+        returns = real_values("returns", returns)
+        if isinstance(returns, np.ndarray):
+            if returns.size == 0:
+                raise ValueError(f"returns: got an array of shape {fmt(returns.shape)}, expected at least one return.")
+            with np.errstate(over="ignore", invalid="ignore"):
+                as32 = returns.astype(np.float32)
+            if not np.isfinite(as32).all():
+                raise ValueError(f"returns: got {int((~np.isfinite(as32)).sum())} non-finite value(s) (as float32) in "
+                                 f"an array of shape {fmt(returns.shape)}, expected finite returns.")
+            returns = as32
+        return as_float32(returns)
 
     def update_from(self, stats: Mapping) -> None:
         """Moves the EMAs (and `corr`) towards the batch statistics `stats` (a dict with
-        `statistic_names` as keys, as `statistics()` returns), through `Variable.assign`."""
-        if self.impl == "none":
-            return
+        `statistic_names` as keys, as `statistics()` returns), through `Variable.assign`.
+
+        Statistics that are not finite leave every variable as it was (a select, so inside a compiled step
+        too); host numbers that are not finite raise a `ValueError` before anything changes."""
         if not isinstance(stats, Mapping):
             raise ValueError(f"stats: got a {type(stats).__name__}, expected a dict with keys "
                              f"{list(self.statistic_names)}.")
         missing = [k for k in self.statistic_names if k not in stats]
-        if missing:
-            raise ValueError(f"stats: missing {missing}, expected the keys {list(self.statistic_names)} "
-                             f"(impl {self.impl!r}).")
-        first, second = (as_float32(stats[k]) for k in self.statistic_names)
+        extra = sorted(str(k) for k in stats if k not in self.statistic_names)
+        if missing or extra:
+            got = f"missing {missing}" if missing else f"unexpected {extra}"
+            raise ValueError(f"stats: {got}, expected the keys {list(self.statistic_names)} (impl {self.impl!r}).")
+        if self.impl == "none":
+            return
+        values = []
+        for name in self.statistic_names:
+            value = real_values(f"stats[{name!r}]", stats[name])
+            if isinstance(value, np.ndarray):
+                if value.size != 1:
+                    raise ValueError(f"stats[{name!r}]: got an array of shape {fmt(value.shape)}, expected a scalar.")
+                with np.errstate(over="ignore", invalid="ignore"):
+                    value = value.astype(np.float32).reshape(())
+                if not np.isfinite(value):
+                    raise ValueError(f"stats[{name!r}]: got {float(value)!r} (as float32), expected a finite number.")
+            elif tuple(value.shape) not in ((), (1,)):
+                raise ValueError(f"stats[{name!r}]: got a tensor of shape {fmt(tuple(value.shape))}, expected a "
+                                 "scalar.")
+            values.append(ops.reshape(as_float32(value), ()))
+        first, second = values
+        # A non-finite statistic (no finite return, an overflow) keeps the old state, all of it.
+        ok = ops.logical_and(ops.isfinite(first), ops.isfinite(second))
         a, b = (self.mean, self.sqmean) if self.impl == "meanstd" else (self.low, self.high)
-        a.assign(self.decay * a + self.rate * first)
-        b.assign(self.decay * b + self.rate * second)
+        a.assign(ops.where(ok, self.decay * a.value + self.rate * first, a.value))
+        b.assign(ops.where(ok, self.decay * b.value + self.rate * second, b.value))
         if self.debias:
-            self.corr.assign(self.decay * self.corr + self.rate)
+            self.corr.assign(ops.where(ok, self.decay * self.corr.value + self.rate, self.corr.value))
 
     def update(self, returns, *old_high) -> None:
         """Moves the EMAs towards the statistics of the global batch of `returns`: `update_from(statistics(
         all_gather(returns)))` (`all_gather` of the current backend: identity without data parallelism).
+
+        Host data is checked first (a `ValueError` for non-finite values, an empty batch, or statistics
+        float32 cannot hold); a backend tensor's non-finite values are left out of the statistics, and
+        statistics that are not finite change nothing.
 
         The old two-argument form `update(low, high)` (the percentiles, perc and perc_ema only) still works
         and means `update_from({"return_low": low, "return_high": high})`; it is deprecated.
@@ -193,9 +263,19 @@ class ReturnNormalizer(keras.layers.Layer):
                           "update_from(statistics).", DeprecationWarning, stacklevel=2)
             self.update_from({"return_low": returns, "return_high": old_high[0]})
             return
+        host = not ops.is_tensor(returns)
+        returns = self._returns(returns)
         if self.impl == "none":
             return
-        self.update_from(self.statistics(_backend.current().all_gather(returns)))
+        stats = self.statistics(_backend.current().all_gather(returns))
+        if host:
+            for name, value in stats.items():
+                value = float(ops.convert_to_numpy(value))
+                if not math.isfinite(value):
+                    raise ValueError(f"returns: its {name} is {value!r} in float32 (returns up to "
+                                     f"{float(np.abs(ops.convert_to_numpy(returns)).max()):g}), expected statistics "
+                                     "float32 can hold.")
+        self.update_from(stats)
 
     def _correction(self):
         """`1 / max(rate, corr)` with debias, else None (a factor of 1)."""
@@ -224,6 +304,7 @@ class ReturnNormalizer(keras.layers.Layer):
 
     def normalize(self, x):
         """`(x - offset()) / scale()` (`x`: a backend tensor or host array)."""
+        x = real_values("x", x)
         if not ops.is_tensor(x):
             x = ops.convert_to_tensor(x)
         return ops.divide(ops.subtract(x, self.offset()), self.scale())

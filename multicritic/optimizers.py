@@ -69,6 +69,8 @@ class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
         lr = ops.convert_to_tensor(self.learning_rate, "float32")
         if self.warmup_steps == 0:
             return lr
+        if step is None or isinstance(step, (str, bytes)):  # (Keras passes its `iterations` variable)
+            raise ValueError(f"step: got {step!r}, expected the optimizer's update count (a number or tensor).")
         step = ops.cast(ops.convert_to_tensor(step), "float32")
         return lr * ops.minimum(step / float(self.warmup_steps), 1.0)
 
@@ -171,6 +173,8 @@ class LaProp(keras.optimizers.Optimizer):
         epsilon = number("epsilon", epsilon, low=0.0, low_open=True)
         agc = number("agc", agc, low=0.0, low_open=True, allow_none=True)
         agc_min_norm = number("agc_min_norm", agc_min_norm, low=0.0, low_open=True)
+        for clip in ("clipnorm", "clipvalue", "global_clipnorm"):
+            number(clip, kwargs.get(clip), low=0.0, low_open=True, allow_none=True)
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         self.beta_1 = beta_1
         self.beta_2 = beta_2

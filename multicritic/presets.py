@@ -20,20 +20,45 @@
 from __future__ import annotations
 
 import collections
-from typing import Dict, Optional
+import inspect
+import warnings
+from typing import Dict, Mapping, Optional
 
 import keras
 
-from multicritic.sizes import official_2024_dims
+from multicritic.sizes import OFFICIAL_2024_SIZES, official_2024_dims
 
 PRESETS = ("rllib-2023", "dreamerv3-2024")
 
 Preset = collections.namedtuple("Preset", ["critic", "trainer", "normalizer"])
 
+_UNSET = object()
 
-def options(name: str, size: Optional[str] = None) -> Dict[str, Dict]:
+
+def _model_size(model_size, size, caller):
+    """`model_size`, or the value of its deprecated spelling `size` (with a DeprecationWarning)."""
+    if size is _UNSET:
+        return model_size
+    if model_size is not None:
+        raise ValueError(f"size: got {size!r} with model_size={model_size!r}, expected model_size alone "
+                         "(size is its deprecated name)")
+    warnings.warn(f"presets.{caller}(size=...) is deprecated: use presets.{caller}(model_size=...), the keyword "
+                  "CriticNetwork takes", DeprecationWarning, stacklevel=3)
+    return size
+
+
+def options(name: str, model_size: Optional[str] = None, *, size=_UNSET) -> Dict[str, Dict]:
     """The preset's `{"critic": ..., "trainer": ..., "normalizer": ...}` keyword arguments (the trainer's
-    `optimizer` is a fresh instance)."""
+    `optimizer` is a fresh instance).
+
+    Args:
+        name: `"rllib-2023"` or `"dreamerv3-2024"`.
+        model_size: the model size, as in `build`.
+        size: deprecated spelling of `model_size` (a `DeprecationWarning`).
+    """
+    size = _model_size(model_size, size, "options")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ValueError(f"preset: got {name!r}, expected one of {list(PRESETS)}.")
     if name == "rllib-2023":
         return {
             "critic": {"model_size": size or "XS"},
@@ -43,7 +68,11 @@ def options(name: str, size: Optional[str] = None) -> Dict[str, Dict]:
     if name == "dreamerv3-2024":
         from multicritic.optimizers import official_optimizer
 
-        critic = dict(official_2024_dims(size or "200m"), model_size=None)
+        size = "200m" if size is None else size
+        if size not in OFFICIAL_2024_SIZES:
+            raise ValueError(f"model_size: got {size!r}, expected one of the official code's sizes "
+                             f"{list(OFFICIAL_2024_SIZES)}.")
+        critic = dict(official_2024_dims(size), model_size=None)
         critic.update(
             bin_scheme="symexp",
             num_buckets=255,
@@ -72,26 +101,43 @@ def options(name: str, size: Optional[str] = None) -> Dict[str, Dict]:
     raise ValueError(f"preset: got {name!r}, expected one of {list(PRESETS)}.")
 
 
-def build(name: str, size: Optional[str] = None, critic_options=None, trainer_options=None) -> Preset:
+def build(name: str, model_size: Optional[str] = None, critic_options=None, trainer_options=None, *,
+          size=_UNSET) -> Preset:
     """`Preset(critic, trainer, normalizer)` built as preset `name` says, on the running backend.
 
     Args:
         name: `"rllib-2023"` or `"dreamerv3-2024"`.
-        size: the model size: multicritic's (`"XS"` ...) for `"rllib-2023"`,
-            the official code's (`"1m"` ... `"400m"`, default `"200m"`) for
-            `"dreamerv3-2024"`.
-        critic_options, trainer_options: overrides of the preset's values
-            (e.g. input sizes, `learning_rate`).
+        model_size: the model size: multicritic's (`"XS"` ...) for
+            `"rllib-2023"`, the official code's (`"1m"` ... `"400m"`, default
+            `"200m"`) for `"dreamerv3-2024"`.
+        critic_options: overrides of the preset's critic options (e.g. input
+            sizes).
+        trainer_options: overrides of the preset's trainer options (e.g.
+            `learning_rate`).
+        size: deprecated spelling of `model_size` (a `DeprecationWarning`).
 
     Example:
-        >>> critic, trainer, normalizer = presets.build("dreamerv3-2024", size="12m")
+        >>> critic, trainer, normalizer = presets.build("dreamerv3-2024", model_size="12m")
         >>> trainer.train_on_dream_and_replay(h, z, r, c, rh, rz, rr, last, term)
     """
     from multicritic.critic import CriticNetwork
     from multicritic.normalizer import ReturnNormalizer
     from multicritic.training.trainer import CriticTrainer
 
-    opts = options(name, size)
+    accepted = {
+        "critic_options": set(inspect.signature(CriticNetwork.__init__).parameters) - {"self", "kwargs"} | {
+            "name", "dtype"},
+        "trainer_options": set(inspect.signature(CriticTrainer.__init__).parameters) - {"self", "critic"},
+    }
+    for what, given in (("critic_options", critic_options), ("trainer_options", trainer_options)):
+        if given is None:
+            continue
+        if not isinstance(given, Mapping):
+            raise ValueError(f"{what}: got a {type(given).__name__}, expected a dict of overrides or None.")
+        unknown = sorted(str(k) for k in given if k not in accepted[what])
+        if unknown:
+            raise ValueError(f"{what}: got the option {unknown[0]!r}, expected some of {sorted(accepted[what])}.")
+    opts = options(name, _model_size(model_size, size, "build"))
     critic = CriticNetwork(**{**opts["critic"], **(critic_options or {})})
     trainer = CriticTrainer(critic, **{**opts["trainer"], **(trainer_options or {})})
     return Preset(critic, trainer, ReturnNormalizer(**opts["normalizer"]))

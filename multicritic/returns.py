@@ -79,8 +79,9 @@ def replay_lambda_returns(rewards, is_last, is_terminal, boot, discount: float =
     and a terminal step cuts the return.
 
     Args:
-        rewards, is_last, is_terminal: `[T, ...]` time-major replayed rewards
-            and flags (0/1).
+        rewards: `[T, ...]` time-major replayed rewards.
+        is_last: `[T, ...]` episode-boundary flags (0/1).
+        is_terminal: `[T, ...]` terminal flags (0/1).
         boot: `[T, ...]` imagined returns from each replay step.
         discount: the replay discount (`1 - 1/333`, the official `horizon`).
         lambda_: TD(lambda) mixing.

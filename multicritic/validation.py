@@ -67,16 +67,17 @@ def number(name: str, value, *, low=None, high=None, low_open=False, allow_none=
     return x
 
 
-def integer(name: str, value, *, low: int = 1) -> int:
-    """`value` as a Python int >= `low`, else a `ValueError` naming `name`."""
+def integer(name: str, value, *, low: int = 1, high: Optional[int] = None) -> int:
+    """`value` as a Python int >= `low` (and <= `high`), else a `ValueError` naming `name`."""
+    want = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
     if isinstance(value, (bool, str, bytes)) or value is None:
-        raise ValueError(f"{name}: got {value!r}, expected an integer >= {low}.")
+        raise ValueError(f"{name}: got {value!r}, expected {want}.")
     try:
-        ok = int(value) == value and int(value) >= low
+        ok = int(value) == value and int(value) >= low and (high is None or int(value) <= high)
     except (TypeError, ValueError, OverflowError):
         ok = False
     if not ok:
-        raise ValueError(f"{name}: got {value!r}, expected an integer >= {low}.")
+        raise ValueError(f"{name}: got {value!r}, expected {want}.")
     return int(value)
 
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicritic import inverse_symlog, symexp, symlog, two_hot
+from multicritic import CriticNetwork, inverse_symlog, symexp, symlog, two_hot
 from multicritic.bins import bucket_values, expected_value, two_hot_indices
 from tests import numpy_reference as ref
 from tests.conftest import compiled, to_np
@@ -172,3 +172,59 @@ def test_indices_real_space_matches_symlog_space():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         two_hot(np.zeros(3, np.float32), **kwargs)
+
+
+REFUSED = [(2, -20.0, 20.0), (4, -20.0, 20.0), (16, -20.0, 20.0), (3, -1.0, 20.0), (6, -10.0, 20.0)]
+KEPT = [(18, -20.0, 20.0), (256, -20.0, 20.0), (2, -1.0, 1.0), (255, -5.0, 20.0), (3, -20.0, 20.0), (2, 0.5, 3.0)]
+
+
+def _across_zero(n, low, high):
+    """The real-space bracket of two buckets of opposite signs, or None."""
+    table = bucket_values(n, low, high, "symexp").astype(np.float64)
+    above = int(np.searchsorted(table, 0.0, side="right"))
+    return (table[above - 1], table[above]) if 0 < above < n and table[above - 1] < 0 else None
+
+
+def _round_trip_near_zero(n, low, high):
+    """`(values, |decode(two_hot(v)) - v|)` (symlog units) over values in the bracket across 0."""
+    lo, hi = _across_zero(n, low, high)
+    real = np.concatenate([np.linspace(lo, hi, 2001), np.geomspace(1e-6, hi, 500), -np.geomspace(1e-6, -lo, 500)])
+    values = ref.symlog(real).astype(np.float32)
+    decoded = to_np(expected_value(two_hot(values, n, low, high, "symexp"), n, low, high, "symexp"))
+    return values.astype(np.float64), np.abs(decoded.astype(np.float64) - values.astype(np.float64))
+
+
+@pytest.mark.parametrize("n, low, high", REFUSED)
+def test_a_symexp_support_too_coarse_around_zero_is_refused(n, low, high):
+    """Finding 17: 2 symexp buckets over +-20 round-tripped values near 0 to within 2.8 symlog units only.
+    Two buckets of opposite signs resolve the values between them to 2^-24 of their real-space width W0 (the
+    two-hot weights near 1/2); such a support is refused when that is coarser than the uniform_symlog
+    scheme's bound on the same grid, 2^-23 times the spacing s: W0 > 2 s."""
+    spacing = (high - low) / (n - 1)
+    grid = np.linspace(low, high, n)
+    below, above = grid[grid < 0].max(), grid[grid > 0].min()
+    assert ref.symexp(above) - ref.symexp(below) > 2 * spacing  # the rule, from the float64 grid
+    match = r"num_buckets/lower_bound/upper_bound: got .* a support too coarse around 0"
+    with pytest.raises(ValueError, match=match):
+        bucket_values(n, low, high, "symexp")
+    with pytest.raises(ValueError, match=match):
+        two_hot(np.zeros(3, np.float32), n, low, high, "symexp")
+    with pytest.raises(ValueError, match=match):
+        CriticNetwork(model_size="nano", num_buckets=n, lower_bound=low, upper_bound=high, bin_scheme="symexp")
+    # The same grid interpolated in symlog space keeps its promise.
+    bucket_values(n, low, high, "uniform_symlog")
+
+
+@pytest.mark.parametrize("n, low, high", KEPT)
+def test_a_kept_symexp_support_round_trips_near_zero_as_promised(n, low, high):
+    """Every support kept resolves values across 0 to the uniform_symlog scheme's bound, 2^-23 s, plus the
+    symexp scheme's relative error elsewhere (below 1e-6: the float32 rounding of the value itself)."""
+    bucket_values(n, low, high, "symexp")
+    if _across_zero(n, low, high) is None:  # a bucket at 0, or all buckets of one sign: relative everywhere
+        return
+    spacing = (high - low) / (n - 1)
+    lo, hi = _across_zero(n, low, high)
+    assert hi - lo <= 2 * spacing
+    values, errors = _round_trip_near_zero(n, low, high)
+    bound = 2.0**-23 * spacing + 1e-6 * np.abs(values)
+    assert np.all(errors <= bound), (values[np.argmax(errors / bound)], np.max(errors / bound))

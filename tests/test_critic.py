@@ -213,6 +213,9 @@ def test_bad_input_on_lazy_build_leaves_critic_unbuilt():
         ({"ensemble_size": 0}, r"ensemble_size: got 0, expected an integer >= 1"),
         ({"aggregation": "max"}, r"aggregation: got 'max', expected one of"),
         ({"ensemble_size": 3, "aggregation": "min_of_random", "aggregation_subset": 4}, "aggregation_subset: got 4"),
+        ({"norm": "batch"}, r"norm: got 'batch', expected one of \['layer', 'rms'\]"),
+        ({"bogus": 1}, "bogus"),
+        ({"kernel_initializer": "bogus"}, "kernel_initializer: got 'bogus', expected a Keras initializer"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, match):
@@ -259,3 +262,16 @@ def test_compiled_forward_does_not_retrace_per_batch_size():
         assert predict.compiled._cache_size() == 1  # 1..8 share the 8-row program
     with pytest.raises(ValueError, match="h: got shape"):
         predict(np.zeros((2, 3), "float32"), np.zeros((2, 4, 4), "float32"))
+
+
+def test_use_ema_is_a_bool_and_unknown_call_arguments_are_refused():
+    """A string "false" is truthy: it ran the EMA critic (issue 31, finding 6's twin on the call)."""
+    critic = CriticNetwork(model_size="nano")
+    randomize(critic, seed=4)
+    h, z = random_inputs(critic, 3)
+    for bad in ("false", 1, None, np.float32(0.0)):
+        with pytest.raises(ValueError, match=r"use_ema: got"):
+            critic(h, z, use_ema=bad)
+    with pytest.raises(ValueError, match=r"use_EMA: not an argument of the critic's call"):
+        critic(h, z, use_EMA=True)
+    np.testing.assert_array_equal(to_np(critic(h, z, use_ema=np.bool_(True))[1]), to_np(critic(h, z, use_ema=True)[1]))

@@ -82,7 +82,8 @@ def test_bad_constructor_arguments_name_the_argument(kwargs, match):
         ({"ema_update_period": "2"}, r"ema_update_period: got '2'"),
         ({"ema_regularizer": ["two_hot_mean"]}, r"ema_regularizer: got \['two_hot_mean'\]"),
         ({"ema_targets": "yes"}, r"ema_targets: got 'yes', expected True or False"),
-        ({"seed": -1}, r"seed: got -1, expected an integer >= 0"),
+        ({"seed": -1}, r"seed: got -1, expected an integer in \[0, 4294967295\]"),
+        ({"seed": 2**32}, r"seed: got 4294967296, expected an integer in \[0, 4294967295\]"),
     ],
 )
 def test_bad_training_options_name_the_argument(critic, kwargs, match):

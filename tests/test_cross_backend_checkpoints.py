@@ -49,7 +49,7 @@ METRICS = ("total", "value_nll", "ema_regularizer", "grad_norm", "clipped_fracti
 # Tolerances, from the largest gaps measured over all six saver -> loader
 # pairs and the goldens on all three backends (2 CPU cores, x86-64); a gap is
 # the largest difference relative to the largest magnitude of the saver's array:
-# - logits, fast and EMA: 1.7e-7 (torch -> tensorflow); the README promises 1e-6;
+# - logits, fast and EMA: 1.7e-7 (torch -> tensorflow); the docs promise 1e-6;
 # - values (symlog space; this critic uses the 2024 scheme, whose decode
 #   amplifies the logits' roundings): 6.6e-7 (torch -> tensorflow);
 # - the 2 steps after a restore, every metric: 4.6e-6 (grad_norm, torch ->

@@ -138,7 +138,6 @@ def test_min_of_random_draws_follow_seed_and_step_count(tmp_path):
         return trainer, targets
 
     trainer, whole = run(7, range(4))
-    assert not any(v is trainer.seed_generators[None][0].state for v in trainer.state_variables)
     again = run(7, range(4))[1]
     assert whole == again  # deterministic given the seed
     assert run(8, range(4))[1] != whole  # another seed draws other members
@@ -180,3 +179,47 @@ def test_single_critic_layout_is_unchanged():
         "critic/return_layer/reward_buckets/kernel", "critic/return_layer/reward_buckets/bias",
     ]
     assert [tuple(v.shape) for v in critic.fast_weights] == [(1280, 256), (256,), (256,), (256, 255), (255,)]
+
+
+@pytest.mark.parametrize("aggregation", ["mean", "min", "min_of_random", "members"])
+def test_aggregate_refuses_values_of_another_member_count(aggregation):
+    """Finding 7: 4 rows on a 3-member "mean" critic averaged the 4 rows; "min_of_random" raised a raw
+    framework error."""
+    ensemble = CriticNetwork(model_size="nano", ensemble_size=K, aggregation=aggregation)
+    values = np.arange(20, dtype="float32").reshape(4, 5)
+    for bad, shape in ((values, r"\[4, 5\]"), (np.float32(1.0), r"\[\]")):
+        with pytest.raises(ValueError, match=rf"values: got shape {shape}, expected \[3, \.\.\.\]"):
+            ensemble.aggregate(bad, seed=0)
+    with pytest.raises(ValueError, match="values: got 'x'"):
+        ensemble.aggregate("x")
+    got = to_np(ensemble.aggregate(values[:K], seed=0))
+    want = {"mean": values[:K].mean(0), "min": values[:K].min(0), "members": values[:K]}.get(aggregation)
+    if want is not None:
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    else:  # the minimum of 2 of the 3 rows
+        assert got.shape == (5,) and any(np.array_equal(got, values[[i, j]].min(0)) for i in range(K) for j in range(K)
+                                         if i < j)
+
+
+def test_an_ensemble_that_cannot_fit_is_refused_before_any_allocation():
+    """Finding 14: ensemble_size=10**9 hung (a Python loop per member). Its 2 * K * P float32 weights (fast and
+    EMA copies of K members of P parameters) need more bytes than any machine's memory: refused at once."""
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"ensemble_size: got 1000000000, expected at most \d+ for this critic"):
+        CriticNetwork(model_size="nano", ensemble_size=10**9)
+    # Input sizes from the first call: the head alone (16 * 255 + 255 parameters per member) does not fit.
+    with pytest.raises(ValueError, match=r"ensemble_size: got 1000000000"):
+        CriticNetwork(model_size=None, num_dense_layers=1, dense_hidden_units=16, ensemble_size=10**9)
+    assert time.perf_counter() - start < 30.0
+
+
+def test_set_member_weights_refuses_what_is_not_a_list():
+    ensemble, _ = ensemble_and_members()
+    before = [to_np(v).copy() for v in ensemble.weights]
+    for bad in (None, 3, "weights", {"a": 1}):
+        with pytest.raises(ValueError, match=r"weights: got a \w+, expected a list of arrays"):
+            ensemble.set_member_weights(0, bad)
+    for v, b in zip(ensemble.weights, before):
+        np.testing.assert_array_equal(to_np(v), b)

@@ -331,3 +331,115 @@ def test_multi_critic_fits_as_its_trainer():
         for va, vb in zip(norm_a.weights, norm_b.weights):
             np.testing.assert_allclose(to_np(va), to_np(vb), rtol=1e-6)
     assert {"task/value_nll", "explore/member_spread", "grad_norm"} <= set(history.history)
+
+
+# --- Refusals leave everything as it was (issue 31) ----------------------------------------------------------------
+
+
+def snapshot(model):
+    optimizer = getattr(model, "optimizer", None)
+    return [to_np(v).copy() for v in model.weights + (optimizer.variables if optimizer else [])]
+
+
+def assert_unchanged(model, before):
+    after = snapshot(model)
+    assert len(after) == len(before)
+    for a, b in zip(after, before):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["uncompiled", "compiled"])
+def test_predict_refusing_a_batch_keeps_every_variable(compiled):
+    """Finding 1: on JAX `predict` took the variables' values out for its stateless step and lost them when
+    the step refused the batch."""
+    a = critic()
+    if compiled:
+        a.compile()
+    h, z = random_inputs(a, 8)
+    want = to_np(a(h, z))
+    before = snapshot(a)
+    with pytest.raises(ValueError, match=r"h: got shape \[\S+, 15\]"):
+        a.predict((h[:, :15], z), verbose=0)
+    assert_unchanged(a, before)
+    got = to_np(a(h, z))
+    np.testing.assert_array_equal(got[0], want[0])
+    value, _ = a.predict((h, z), batch_size=4, verbose=0)
+    np.testing.assert_allclose(value, want[0], rtol=1e-6, atol=1e-6)
+
+
+def test_a_new_horizon_is_a_new_step():
+    """Finding 10: TensorFlow relaxed the traced step to an unknown horizon once a second one came, and the
+    dream loss (unrolled over a static horizon) failed; bad batches then gave graph errors."""
+    a, b = critic(), critic()
+    a.compile(learning_rate=1e-3)
+    trainer = CriticTrainer(b, learning_rate=1e-3)
+    for horizon in (5, 7, 4):
+        h, z, rewards, continues = dream_data(a, b=4, horizon=horizon, seed=horizon)
+        a.fit((h, z, rewards, continues), batch_size=4, verbose=0)
+        trainer.train_on_dream(h.swapaxes(0, 1), z.swapaxes(0, 1), rewards.T, continues.T)
+        logs = a.evaluate((h, z, rewards, continues), batch_size=4, verbose=0, return_dict=True)
+        assert np.isfinite(logs["loss"])
+    assert_same_weights(a, b, rtol=1e-5)
+    h, z, rewards, continues = dream_data(a, b=4, horizon=3, seed=9)
+    before = snapshot(a)
+    with pytest.raises(ValueError, match=r"rewards: got shape \[(4|\?), 2\], expected \[(4|\?), 3\]"):
+        a.fit((h, z, rewards[:, :2], continues), batch_size=4, verbose=0)
+    with pytest.raises(ValueError, match=r"h, z: got shapes"):
+        a.evaluate((h[:, 0], z, rewards, continues), batch_size=4, verbose=0)
+    assert_unchanged(a, before)
+
+
+def test_compile_and_fit_arguments_are_checked_first():
+    """Finding 9 (and the rules of point 2): options that would be ignored or misused are refused, naming
+    them, and the critic stays compiled as it was."""
+    a = critic()
+    a.compile(learning_rate=1e-3)
+    trainer = a.fit_trainer
+    h, z, targets, weights = direct_data(a, 16)
+    cases = [
+        (dict(optimizer=keras.optimizers.Adam(clipnorm=1.0)), "optimizer: got a Adam with clipnorm=1.0"),
+        (dict(optimizer=keras.optimizers.Adam(global_clipnorm=1.0)), "global_clipnorm"),
+        (dict(optimizer="adam", learning_rate=1e-2), "learning_rate: got 0.01 with an optimizer of its own"),
+        (dict(optimizer="adam", epsilon=1e-3), "epsilon: got 0.001"),
+        (dict(optimizer="nonsense"), "optimizer: got 'nonsense'"),
+        (dict(steps_per_execution=-1), "steps_per_execution: got -1"),
+        (dict(steps_per_execution=1.5), "steps_per_execution: got 1.5"),
+        (dict(run_eagerly="yes"), "run_eagerly: got 'yes'"),
+        (dict(jit_compile="always"), "jit_compile: got 'always'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            a.compile(**kwargs)
+        assert a.fit_trainer is trainer, kwargs
+    before = snapshot(a)
+    with pytest.raises(ValueError, match="class_weight: got"):
+        a.fit((h, z), targets, class_weight={0: 1.0}, verbose=0)
+    with pytest.raises(ValueError, match="class_weight: got"):
+        a.train_on_batch((h, z), targets, class_weight={0: 1.0})
+    with pytest.raises(ValueError, match=r"x: got an array of shape \[0, 16\], expected at least one row"):
+        a.fit((h[:0], z[:0]), targets[:0], verbose=0)
+    with pytest.raises(ValueError, match=r"x: got an array of shape \[0, 16\]"):
+        a.evaluate((h[:0], z[:0]), targets[:0], verbose=0)
+    with pytest.raises(ValueError, match=r"x: got an array of shape \[0, 16\]"):
+        a.predict((h[:0], z[:0]), verbose=0)
+    with pytest.raises(ValueError, match=r"y \(value_targets\): got a dict with keys \['task'\], expected one array"):
+        a.fit((h, z), {"task": targets}, verbose=0)
+    with pytest.raises(ValueError, match="y: got an array of dtype <U1"):
+        a.fit((h, z), np.array(["a"] * 16), verbose=0)
+    with pytest.raises(ValueError, match=r"validation_data|z: got shape"):
+        a.fit((h, z), targets, validation_data=((h, z[:, :, :3]), targets), verbose=0)
+    assert_unchanged(a, before)
+    # An optimizer that clips on its own trains when the step does not clip too.
+    a.compile(optimizer=keras.optimizers.Adam(1e-3, clipnorm=1.0), grad_clip=None)
+    a.fit((h, z), targets, sample_weight=weights, verbose=0)
+    assert int(to_np(a.optimizer.iterations)) == 1
+
+
+def test_evaluate_before_compile_names_compile():
+    """Finding 11: PyTorch raised a raw AttributeError."""
+    a = critic()
+    h, z, targets, _ = direct_data(a, 8)
+    for call in (lambda: a.evaluate((h, z), targets, verbose=0), lambda: a.test_on_batch((h, z), targets),
+                 lambda: a.train_on_batch((h, z), targets)):
+        with pytest.raises(ValueError, match=r"(evaluate|test_on_batch|train_on_batch): the critic is not compiled"):
+            call()

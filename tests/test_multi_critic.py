@@ -133,3 +133,85 @@ def test_keras_file_round_trip(tmp_path):
     for stream in ("task", "explore"):
         np.testing.assert_array_equal(to_np(loaded(h, z)[stream][1]), to_np(multi(h, z)[stream][1]))
     np.testing.assert_array_equal(to_np(loaded.normalizers["task"].high), to_np(multi.normalizers["task"].high))
+
+
+# --- Issue 31: streams are checked, and non-finite returns never enter a normaliser ---------------------------------
+
+
+def states(multi):
+    return [to_np(v).copy() for v in multi.weights] + [to_np(v).copy() for n in multi.normalizers.values()
+                                                        for v in n.weights]
+
+
+def test_a_nan_reward_tensor_never_enters_the_normaliser():
+    """Finding 3: the NaN target was dropped from the loss but entered the stream's percentiles ([nan, nan])."""
+    from tests import numpy_reference as ref
+
+    multi = MultiCritic({"task": {"model_size": "nano"}, "explore": {"model_size": "nano"}})
+    task = multi.critics["task"]
+    for v in task.fast_weights:
+        v.assign(np.random.default_rng(3).normal(scale=0.3, size=tuple(v.shape)).astype("float32"))
+    task.init_ema()
+    trainer = CriticTrainer(multi)
+    h, z, rewards, continues = dream(task)
+    values = ref.symexp(to_np(task(h.reshape(-1, h.shape[-1]), z.reshape((-1,) + z.shape[2:]))[0]).astype(np.float64))
+    bad = rewards.copy()
+    bad[1, 2] = np.nan  # enters the lambda-return of step 0 of sequence 2 only
+    metrics = to_np(trainer.train_on_dream(h, z, {"task": keras.ops.convert_to_tensor(bad), "explore": rewards},
+                                           continues))
+    targets = ref.lambda_returns(bad.astype(np.float64), continues, values.reshape(bad.shape))
+    assert np.isnan(targets).sum() == 1 and metrics["step_skipped"] == 0.0
+    want = np.nanpercentile(targets, [5, 95])
+    np.testing.assert_allclose([metrics["task/return_low"], metrics["task/return_high"]], want, rtol=1e-4, atol=1e-5)
+    norm = multi.normalizers["task"]
+    np.testing.assert_allclose([to_np(norm.low), to_np(norm.high)], 0.01 * want, rtol=1e-4, atol=1e-7)
+    # A stream whose returns are all non-finite keeps its statistics.
+    before = [to_np(norm.low).copy(), to_np(norm.high).copy()]
+    trainer.train_on_dream(h, z, {"task": keras.ops.convert_to_tensor(np.full_like(rewards, np.inf)),
+                                  "explore": rewards}, continues)
+    np.testing.assert_array_equal([to_np(norm.low), to_np(norm.high)], before)
+
+
+def test_fit_refuses_streams_it_does_not_have():
+    """Findings 5 and 11: an extra stream trained and was ignored, a plain array or a missing stream raised a
+    KeyError."""
+    multi = MultiCritic({"task": {"model_size": "nano"}, "explore": {"model_size": "nano"}})
+    multi.compile()
+    h, z, rewards, continues = dream(multi.critics["task"], batch=6)
+    hb, zb, rb, cb = h.swapaxes(0, 1), z.swapaxes(0, 1), rewards.T.copy(), continues.T.copy()
+    both = {"task": rb, "explore": rb}
+    before = states(multi)
+    for given, message in (({**both, "bogus": rb}, r"got a dict with keys \['bogus', 'explore', 'task'\]"),
+                           ({"task": rb}, r"got a dict with keys \['task'\]"),
+                           (rb, "got one array")):
+        with pytest.raises(ValueError, match=r"rewards: " + message + r", expected a dict with one array per stream"):
+            multi.fit((hb, zb, given, cb), verbose=0)
+        targets = given if not isinstance(given, dict) else {k: v[:, 0] for k, v in given.items()}
+        with pytest.raises(ValueError, match=r"y \(value_targets\): " + message):
+            multi.fit((hb[:, 0], zb[:, 0]), targets, verbose=0)
+    with pytest.raises(ValueError, match=r"sample_weight: got a dict with keys"):
+        multi.fit((hb[:, 0], zb[:, 0]), {"task": rb[:, 0], "explore": rb[:, 0]}, sample_weight={"task": cb[:, 0]},
+                  verbose=0)
+    for a, b in zip(states(multi), before):
+        np.testing.assert_array_equal(a, b)
+    multi.fit((hb, zb, both, cb), verbose=0)
+    assert int(to_np(multi.optimizer.iterations)) == 1
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda n: MultiCritic({"a": {"model_size": "nano"}, "b": {"model_size": "nano"}}, normalizers={"a": n, "b": n}),
+         r"normalizers: got one ReturnNormalizer object for the streams \['a', 'b'\]"),
+        (lambda n: MultiCritic({"a": {"model_size": "nano"}}, stream_weights=[1.0]), "stream_weights: got a list"),
+        (lambda n: MultiCritic({"a": {"model_size": "nano"}}, normalizers={"a": "percentile"}),
+         r"normalizers\['a'\]: got 'percentile'"),
+        (lambda n: MultiCritic({"a": {"model_size": "nano", "sizes": 3}}), r"critics\['a'\]: got the option 'sizes'"),
+        (lambda n: MultiCritic({"a": {"model_size": "nano"}}, stream_weights={"a": float("nan")}),
+         r"stream_weights\['a'\]: got nan"),
+    ],
+)
+def test_bad_streams_are_refused(make, match):
+    """Finding 8: one normaliser object for two streams (their statistics would mix)."""
+    with pytest.raises(ValueError, match=match):
+        make(ReturnNormalizer())

@@ -250,6 +250,9 @@ def test_rate_sets_decay():
     assert ReturnNormalizer(rate=0.25).decay == 0.75
     assert ReturnNormalizer(rate=1.0).decay == 0.0
     assert ReturnNormalizer(rate=0.25, decay=0.75).rate == 0.25
+    # Finding 8: a decay that contradicts the rate is refused, the default's value (0.99) included.
+    with pytest.raises(ValueError, match=r"rate/decay: got rate=0.5 and decay=0.99"):
+        ReturnNormalizer(rate=0.5, decay=0.99)
 
 
 @pytest.mark.parametrize("kwargs, name", [
@@ -273,3 +276,117 @@ def test_rate_sets_decay():
 def test_bad_arguments_raise(kwargs, name):
     with pytest.raises(ValueError, match=name):
         ReturnNormalizer(**kwargs)
+
+
+# --- 5. Non-finite returns never enter the statistics (issue 31) --------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["perc", "meanstd"])
+@pytest.mark.parametrize("returns, message", [
+    (np.array([1.0, np.nan, 2.0], "float32"), r"returns: got 1 non-finite value\(s\)"),
+    (np.array([1.0, np.inf], "float32"), r"returns: got 1 non-finite value\(s\)"),
+    (np.array([1e39, 1.0]), r"returns: got 1 non-finite value\(s\) \(as float32\)"),
+    (np.zeros((0, 3), "float32"), r"returns: got an array of shape \[0, 3\], expected at least one return"),
+    ("abc", "returns: got 'abc'"),
+    (None, "returns: got None"),
+    (np.array(["a", "b"]), "returns: got an array of dtype <U1"),
+])
+def test_bad_host_returns_are_refused_before_any_change(impl, returns, message):
+    """Finding 2 (NaN, inf, empty batches stored for good) and 15 (raw framework errors)."""
+    norm = ReturnNormalizer(impl=impl, debias=True)
+    norm.update(batches()[0])
+    before = state(norm)
+    with pytest.raises(ValueError, match=message):
+        norm.update(returns)
+    with pytest.raises(ValueError, match=message):
+        norm.statistics(returns)
+    assert state(norm) == before
+    with pytest.raises(ValueError, match="x: got 'abc'"):
+        norm.normalize("abc")
+
+
+def test_statistics_float32_cannot_hold_are_refused():
+    """Finding 2: meanstd's mean of squares of 1e30 overflowed float32 and the scale stayed inf."""
+    norm = ReturnNormalizer(impl="meanstd", debias=True)
+    norm.update(batches()[0])
+    before = state(norm)
+    with pytest.raises(ValueError, match=r"returns: its return_sqmean is inf in float32 \(returns up to 1e\+30\)"):
+        norm.update(np.full(4, 1e30, "float32"))
+    assert state(norm) == before
+    norm.update(np.full(4, 1e18, "float32"))  # its square, 1e36, fits
+    assert np.isfinite(to_np(norm.scale()))
+
+
+@pytest.mark.parametrize("impl", ["perc", "perc_ema", "meanstd"])
+def test_update_from_refuses_non_finite_host_statistics(impl):
+    norm = ReturnNormalizer(impl=impl, debias=True)
+    names = norm.statistic_names
+    norm.update_from(dict.fromkeys(names, 1.0))
+    before = state(norm)
+    for bad in (np.nan, np.inf, -np.inf, 1e39):
+        with pytest.raises(ValueError, match=rf"stats\['{names[0]}'\]: got"):
+            norm.update_from({names[0]: bad, names[1]: 1.0})
+    with pytest.raises(ValueError, match=r"stats: unexpected \['bogus'\]"):
+        norm.update_from({**dict.fromkeys(names, 1.0), "bogus": 1.0})
+    with pytest.raises(ValueError, match=rf"stats\['{names[1]}'\]: got an array of shape \[2\]"):
+        norm.update_from({names[0]: 1.0, names[1]: np.ones(2)})
+    with pytest.raises(ValueError, match=rf"stats\['{names[1]}'\]: got 'x'"):
+        norm.update_from({names[0]: 1.0, names[1]: "x"})
+    assert state(norm) == before
+
+
+@pytest.mark.parametrize("impl", ["perc", "perc_ema", "meanstd"])
+def test_tensor_returns_leave_non_finite_values_out(impl):
+    """Backend tensors are not inspected on the host: their non-finite values are left out of the statistics
+    (eagerly and compiled), and a batch with none finite changes nothing."""
+    x = batches()[3]
+    bad = x.copy()
+    bad[0, 0, :3] = [np.nan, np.inf, -np.inf]
+    finite = bad[np.isfinite(bad)]
+    a, b = ReturnNormalizer(impl=impl, rate=0.1, debias=True), ReturnNormalizer(impl=impl, rate=0.1, debias=True)
+    a.update(keras.ops.convert_to_tensor(bad))
+    b.update(finite)
+    for name, value in state(b).items():
+        np.testing.assert_allclose(state(a)[name], value, rtol=2e-6, atol=1e-7, err_msg=name)
+    before = state(a)
+    for empty in (np.full((3, 2), np.nan, "float32"), np.array([np.inf, -np.inf], "float32")):
+        a.update(keras.ops.convert_to_tensor(empty))
+        a.update_from(a.statistics(keras.ops.convert_to_tensor(empty)))
+        assert state(a) == before
+
+
+@pytest.mark.parametrize("impl", ["perc", "meanstd"])
+def test_a_compiled_update_keeps_the_old_statistics_when_the_new_are_not_finite(impl):
+    """Inside a compiled step the update cannot raise: a non-finite statistic keeps the old state (a select),
+    as a trainer skips a step with non-finite gradients."""
+    norm = ReturnNormalizer(impl=impl, rate=0.1, debias=True)
+    norm.update(batches()[0])
+    variables = norm.weights
+
+    def step(values, x):
+        if BACKEND != "jax":
+            norm.update_from(norm.statistics(x))
+            return None
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            norm.update_from(norm.statistics(x))
+        return [scope.get_current_value(v) for v in variables]
+
+    fn = compiled(step)
+    before = state(norm)
+    values = [keras.ops.convert_to_tensor(v.value) for v in variables] if BACKEND == "jax" else None
+    new = fn(values, keras.ops.convert_to_tensor(np.full((5,), np.nan, "float32")))
+    if new is not None:
+        for v, value in zip(variables, new):
+            v.assign(value)
+    assert state(norm) == before
+    x = batches()[1]
+    values = [keras.ops.convert_to_tensor(v.value) for v in variables] if BACKEND == "jax" else None
+    new = fn(values, keras.ops.convert_to_tensor(np.concatenate([x, [np.nan]]).astype("float32")))
+    if new is not None:
+        for v, value in zip(variables, new):
+            v.assign(value)
+    eager = ReturnNormalizer(impl=impl, rate=0.1, debias=True)
+    eager.update(batches()[0])
+    eager.update(x)
+    for name, value in state(eager).items():
+        np.testing.assert_allclose(state(norm)[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

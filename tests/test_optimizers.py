@@ -252,6 +252,8 @@ def test_trains_a_critic_inside_the_compiled_trainer_step():
         ({"agc": True}, "agc"),
         ({"agc_min_norm": 0.0}, "agc_min_norm"),
         ({"agc_min_norm": None}, "agc_min_norm"),
+        ({"clipnorm": -1.0}, "clipnorm"),
+        ({"global_clipnorm": float("nan")}, "global_clipnorm"),
     ],
 )
 def test_laprop_rejects_bad_arguments(kwargs, name):
@@ -274,6 +276,12 @@ def test_linear_warmup_rejects_bad_arguments(kwargs, name):
         LinearWarmup(**kwargs)
     with pytest.raises(ValueError, match=rf"^{name}: "):
         official_optimizer(**kwargs)
+
+
+def test_linear_warmup_names_a_step_that_is_not_a_count():
+    for bad in ("x", None):
+        with pytest.raises(ValueError, match="^step: got"):
+            LinearWarmup(1e-3, warmup_steps=10)(bad)
 
 
 def test_all_tensors_at_once_is_the_per_tensor_update(monkeypatch):

@@ -23,7 +23,7 @@ def dream_and_replay(critic, t=3, b=2, horizon=4, seed=0):
 
 
 def test_rllib_2023_is_the_default_configuration():
-    critic, trainer, normalizer = presets.build("rllib-2023", size="nano")
+    critic, trainer, normalizer = presets.build("rllib-2023", model_size="nano")
     assert critic.get_config() == CriticNetwork(model_size="nano").get_config()
     plain = CriticTrainer(CriticNetwork(model_size="nano"))
     assert trainer.options() == plain.options()
@@ -32,7 +32,7 @@ def test_rllib_2023_is_the_default_configuration():
 
 
 def test_dreamerv3_2024_builds_the_official_configuration():
-    critic, trainer, normalizer = presets.build("dreamerv3-2024", size="1m")
+    critic, trainer, normalizer = presets.build("dreamerv3-2024", model_size="1m")
     config = critic.get_config()
     assert (config["gru_units"], config["num_z_categoricals"], config["num_z_classes"]) == (512, 32, 4)
     assert (config["num_dense_layers"], config["dense_hidden_units"]) == (3, 64)
@@ -57,8 +57,23 @@ def test_dreamerv3_2024_builds_the_official_configuration():
         np.testing.assert_array_equal(to_np(v), b)
     with pytest.raises(ValueError, match="preset: got 'dreamer'"):
         presets.build("dreamer")
-    with pytest.raises(ValueError, match="size: got 'XS'"):
-        presets.build("dreamerv3-2024", size="XS")
+    with pytest.raises(ValueError, match="model_size: got 'XS'"):
+        presets.build("dreamerv3-2024", model_size="XS")
+
+
+def test_size_is_a_deprecated_alias_of_model_size():
+    # One spelling across the API (CriticNetwork(model_size=...)); the old keyword still builds the same preset.
+    with pytest.warns(DeprecationWarning, match=r"presets\.build\(model_size=\.\.\.\)"):
+        old = presets.build("rllib-2023", size="nano")
+    assert old.critic.get_config() == presets.build("rllib-2023", model_size="nano").critic.get_config()
+    with pytest.warns(DeprecationWarning, match=r"presets\.options\(model_size=\.\.\.\)"):
+        old_options = presets.options("dreamerv3-2024", size="1m")
+    new_options = presets.options("dreamerv3-2024", model_size="1m")
+    assert {k: v for k, v in old_options["critic"].items() if k != "kernel_initializer"} == {
+        k: v for k, v in new_options["critic"].items() if k != "kernel_initializer"}
+    assert old_options["critic"]["gru_units"] == 512
+    with pytest.raises(ValueError, match="size: got 'nano' with model_size='XS'"):
+        presets.build("rllib-2023", model_size="XS", size="nano")
 
 
 def test_replay_loss_adds_its_weighted_share():
@@ -107,3 +122,18 @@ def test_ema_update_phase(first, moves):
         before = to_np(critic.ema_weights[0]).copy()
         trainer.train_step(h, z, targets, weights)
         assert (not np.array_equal(to_np(critic.ema_weights[0]), before)) == moved
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(critic_options=[1, 2]), "critic_options: got a list, expected a dict of overrides or None"),
+    (dict(trainer_options="fast"), "trainer_options: got a str"),
+    (dict(critic_options={"ema_decays": 0.5}), "critic_options: got the option 'ema_decays'"),
+    (dict(trainer_options={"lr": 1e-3}), "trainer_options: got the option 'lr'"),
+    (dict(trainer_options={"gamma": 2.0}), "gamma: got 2.0"),
+])
+def test_bad_overrides_are_refused_by_name(kwargs, match):
+    """Finding 15: `critic_options=[1, 2]` raised a raw TypeError; unknown options a TypeError from deep inside."""
+    with pytest.raises(ValueError, match=match):
+        presets.build("rllib-2023", model_size="nano", **kwargs)
+    with pytest.raises(ValueError, match=r"preset: got 3"):
+        presets.options(3)

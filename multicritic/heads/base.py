@@ -10,7 +10,7 @@ from keras import ops
 from multicritic.bins import bucket_values, check_bin_args, expected_value
 from multicritic.layers.mlp import dense_layer
 from multicritic.layers.dispatch import call_layer
-from multicritic.validation import cast_to
+from multicritic.validation import cast_to, integer
 
 
 class ValueHead(keras.layers.Layer):
@@ -29,7 +29,8 @@ class ValueHead(keras.layers.Layer):
 
     Args:
         num_buckets: buckets of the distribution (>= 2).
-        lower_bound, upper_bound: symlog-space ends of the support.
+        lower_bound: symlog-space lower end of the support.
+        upper_bound: symlog-space upper end of the support.
         bin_scheme: `"uniform_symlog"` or `"symexp"` (see `multicritic.bins`).
         members: `None`, or the ensemble size `K` (stacked output weights).
         **kwargs: passed to `keras.layers.Layer`.
@@ -56,6 +57,8 @@ class ValueHead(keras.layers.Layer):
         **kwargs,
     ):
         self.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
+        if members is not None:
+            integer("members", members)
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.num_buckets = int(num_buckets)

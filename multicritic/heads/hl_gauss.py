@@ -9,9 +9,12 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic.bins import _constant, symlog
+from multicritic.bins import _constant, check_bin_args, symlog
 from multicritic.heads.base import ValueHead, cross_entropy
 from multicritic.validation import number
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 @functools.lru_cache(maxsize=None)
@@ -20,6 +23,30 @@ def _edges(num_buckets, lower_bound, upper_bound):
     width = (upper_bound - lower_bound) / (num_buckets - 1)
     edges = lower_bound - width / 2 + width * np.arange(num_buckets + 1, dtype=np.float64)
     return tuple(float(e) for e in edges.astype(np.float32)), width
+
+
+def check_sigma(sigma, num_buckets: int = 255, lower_bound: float = -20.0, upper_bound: float = 20.0,
+                name: str = "hl_gauss_sigma") -> float:
+    """`sigma` as a float if its histograms are finite in float32 on this support, else a `ValueError`.
+
+    The histogram takes `erf((edge - value) * scale)` with `scale = 1 / (sigma * width * sqrt(2))`, for
+    distances `|edge - value|` up to `span = upper_bound - lower_bound + width` (values are clipped to the
+    outer centres): those products must stay below float32's largest number, so
+    `sigma >= max(1, span) / (width * sqrt(2) * float32_max)` (5e-37 on the default support); and the total
+    mass, at least `2 * erf(scale * width / 2)`, must stay above float32's smallest normal number, so
+    `sigma <= 1 / (2 * sqrt(2) * float32_tiny)` (3e37). Past either end a histogram row is NaN.
+    """
+    check_bin_args(num_buckets, lower_bound, upper_bound)
+    sigma = number(name, sigma, low=0.0, low_open=True)
+    width = (float(upper_bound) - float(lower_bound)) / (int(num_buckets) - 1)
+    low = max(1.0, float(upper_bound) - float(lower_bound) + width) / (width * math.sqrt(2.0) * _FLOAT32_MAX)
+    high = 1.0 / (2.0 * math.sqrt(2.0) * _FLOAT32_TINY)
+    if not low <= sigma <= high:
+        raise ValueError(
+            f"{name}: got {sigma!r}, expected a number in [{low:.3g}, {high:.3g}] (a ratio of the bucket width "
+            f"{width:g}; beyond it the histograms overflow or vanish in float32)."
+        )
+    return sigma
 
 
 def hl_gauss(values_symlog, num_buckets: int = 255, lower_bound: float = -20.0, upper_bound: float = 20.0,
@@ -34,18 +61,25 @@ def hl_gauss(values_symlog, num_buckets: int = 255, lower_bound: float = -20.0, 
 
     Args:
         values_symlog: `[...]` symlog-space values.
-        num_buckets, lower_bound, upper_bound: the support.
+        num_buckets: buckets of the support.
+        lower_bound: symlog-space lower end of the support.
+        upper_bound: symlog-space upper end of the support.
         sigma: the Gaussian's standard deviation as a ratio of the bucket
             width (0.75 in the paper: about six buckets get mass).
 
     Returns:
         float32 `[..., num_buckets]` probabilities.
 
+    Raises:
+        ValueError: for a `sigma` whose histograms are not finite in float32
+            (see `check_sigma`).
+
     Reference:
         Farebrother et al., "Stop Regressing: Training Value Functions via
         Classification for Scalable Deep RL", ICML 2024 (arXiv 2403.03950),
         Sec. 3.1 and Listing 1.
     """
+    sigma = check_sigma(sigma, num_buckets, lower_bound, upper_bound, name="sigma")
     edges, width = _edges(int(num_buckets), float(lower_bound), float(upper_bound))
     values = ops.clip(ops.cast(values_symlog, "float32"), lower_bound, upper_bound)
     scale = 1.0 / (sigma * width * math.sqrt(2.0))
@@ -67,7 +101,8 @@ class HLGaussHead(ValueHead):
 
     Args:
         sigma: the Gaussian's standard deviation as a ratio of the bucket
-            width (0.75, the paper's default).
+            width (0.75, the paper's default); values whose histograms
+            float32 cannot hold are refused (see `check_sigma`).
         **kwargs: as `ValueHead` (`num_buckets`, bounds, `members`, ...).
 
     Call arguments:
@@ -89,7 +124,8 @@ class HLGaussHead(ValueHead):
     """
 
     def __init__(self, *, sigma: float = 0.75, **kwargs):
-        self.sigma = number("hl_gauss_sigma", sigma, low=0.0, low_open=True)
+        self.sigma = check_sigma(sigma, kwargs.get("num_buckets", 255), kwargs.get("lower_bound", -20.0),
+                                 kwargs.get("upper_bound", 20.0))
         super().__init__(**kwargs)
 
     @classmethod

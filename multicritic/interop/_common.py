@@ -41,22 +41,39 @@ def host_array(x) -> np.ndarray:
 _WRAPPERS = ("_orig_mod.", "module.", "_forward_module.")
 
 
-def unwrap(state, wrappers=_WRAPPERS):
-    """`state` without the key prefixes a torch.compile / DDP / Fabric wrapper adds (when every key has one)."""
+def unwrap(state, wrappers=_WRAPPERS, unwrapped: Optional[Callable[[Mapping], bool]] = None):
+    """`state` without the key prefixes a torch.compile / DDP / Fabric wrapper adds (when every key has one).
+
+    `unwrapped(state)`: whether `state` is already in the codebase's own layout (for codebases whose own keys
+    start like a wrapper's: TorchRL's `module.`); prefixes are taken off only until it is.
+    """
     if not isinstance(state, Mapping):
         return state
     changed = True
-    while changed and state:
+    while changed and state and not (unwrapped is not None and unwrapped(state)):
         changed = False
         for prefix in wrappers:
-            if all(k.startswith(prefix) for k in state):
+            if all(isinstance(k, str) and k.startswith(prefix) for k in state):
                 state = {k[len(prefix):]: v for k, v in state.items()}
                 changed = True
+                break
     return state
 
 
+def check_critic(critic) -> None:
+    """A built `CriticNetwork`, else a `ValueError` naming `critic`."""
+    from multicritic.critic import CriticNetwork
+
+    if not isinstance(critic, CriticNetwork):
+        raise ValueError(f"critic: got a {type(critic).__name__}, expected a CriticNetwork.")
+    if not critic.built:
+        raise ValueError("critic: not built yet; call it once or give its input sizes first.")
+
+
 def check_options(critic, source: str, required: Mapping[str, object], builder: str) -> None:
-    """Raises a `ValueError` naming the first critic option that differs from the source's architecture."""
+    """Raises a `ValueError` naming `critic` when it is not a built `CriticNetwork`, or the first option that
+    differs from the source's architecture."""
+    check_critic(critic)
     for option, want in required.items():
         got = getattr(critic, option)
         if got != want:
@@ -82,6 +99,7 @@ def check_member(critic, member) -> None:
 def entries(critic, key: Callable[[str, int], str], transpose: bool) -> List[Entry]:
     """The critic's variables as upstream `key(kind, layer)` names, kinds `kernel`, `bias`, `scale`, `offset`
     (hidden layer `layer`) and `head_kernel`, `head_bias` (`layer`: the number of hidden layers)."""
+    check_critic(critic)
     out = []
     mlp, mlp_ema = critic.mlp, critic.mlp_ema
     for i, (dense, norm, dense_ema, norm_ema) in enumerate(
@@ -111,8 +129,7 @@ def load(critic, layout: List[Entry], states: Mapping[str, Optional[Mapping]], m
     A missing slow state (None) makes the EMA copy equal to the fast weights. Keys, shapes, dtypes and
     finiteness of every array are checked before the first assignment.
     """
-    if not critic.built:
-        raise ValueError("critic: not built yet; call it once or give its input sizes first.")
+    check_critic(critic)
     check_member(critic, member)
     (fast_what, fast), (slow_what, slow) = states.items()
     checked = []
@@ -145,6 +162,7 @@ def load(critic, layout: List[Entry], states: Mapping[str, Optional[Mapping]], m
 
 def export(critic, layout: List[Entry], member=None) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
     """`(fast, slow)` dicts of numpy arrays in the upstream layout."""
+    check_critic(critic)
     check_member(critic, member)
     out = ({}, {})
     for entry in layout:
@@ -164,6 +182,12 @@ def build(load_fn, key: Callable[[str, int], str], transpose: bool, fast: Mappin
 
     if not isinstance(fast, Mapping) or key("kernel", 0) not in fast:
         raise ValueError(f"{what}: expected a mapping holding {key('kernel', 0)!r} (the first hidden kernel).")
+    fixed = {"model_size", "num_dense_layers", "dense_hidden_units", "gru_units", "num_z_categoricals",
+             "num_z_classes", "num_buckets", *options}
+    clash = sorted(set(kwargs) & fixed)
+    if clash:
+        raise ValueError(f"{clash[0]}: got {kwargs[clash[0]]!r}, expected no {clash[0]}: the sizes come from the "
+                         "state and the architecture options from the codebase (CRITIC_OPTIONS).")
     layers = 0
     while key("kernel", layers) in fast and key("scale", layers) in fast:  # a hidden layer has a norm
         layers += 1

@@ -14,7 +14,9 @@ default); hidden weights `tools.weight_init` (truncated normal, std
 `sqrt(1 / mean(fan_in, fan_out)) / 0.8796`), LayerNorm weight 1, bias 0. The feature is `get_feat(state) = cat([flatten(stoch), deter])`:
 z first, our `input_layout="z_h"`. `DiscDist`: 255 buckets
 `linspace(-20, 20)` in symlog space, `mean()` = `mode()` =
-`symexp(sum(probs * buckets))`: our `bin_scheme="uniform_symlog"`.
+`symexp(sum(probs * buckets))`: our `bin_scheme="uniform_symlog"`. Keys
+prefixed by a torch.compile / DDP / Fabric wrapper (`_orig_mod.`, `module.`,
+`_forward_module.`) are accepted.
 
 The slow critic (`_slow_value`, a deepcopy at construction) is mixed with
 fraction 0.02 every `slow_target_update` (1) updates, BEFORE each update's
@@ -49,8 +51,10 @@ def _layout(critic):
 def load_nm512(critic, value_state: Mapping, slow_value_state: Optional[Mapping] = None,
                member: Optional[int] = None) -> None:
     """Loads `ImagBehavior.value.state_dict()` (and `_slow_value.state_dict()`; without it the EMA copy
-    becomes the fast critic) into `critic`, all or nothing."""
-    _common.load(critic, _layout(critic), {"value_state": value_state, "slow_value_state": slow_value_state}, member)
+    becomes the fast critic) into `critic`, all or nothing (keys prefixed by a torch.compile / DDP / Fabric
+    wrapper are accepted)."""
+    _common.load(critic, _layout(critic), {"value_state": _common.unwrap(value_state),
+                                           "slow_value_state": _common.unwrap(slow_value_state)}, member)
 
 
 def export_nm512(critic, member: Optional[int] = None) -> Tuple[Dict[str, object], Dict[str, object]]:
@@ -63,6 +67,7 @@ def nm512_critic(value_state: Mapping, slow_value_state: Optional[Mapping] = Non
                  num_z_categoricals: int, num_z_classes: int, **kwargs):
     """A `CriticNetwork` of NM512's critic size, loaded (`gru_units` = `dyn_deter`, `num_z_categoricals` =
     `dyn_stoch`, `num_z_classes` = `dyn_discrete`)."""
-    return _common.build(lambda critic: load_nm512(critic, value_state, slow_value_state), _key, True, value_state,
+    return _common.build(lambda critic: load_nm512(critic, value_state, slow_value_state), _key, True,
+                         _common.unwrap(value_state),
                          gru_units=gru_units, num_z_categoricals=num_z_categoricals, num_z_classes=num_z_classes,
                          options=CRITIC_OPTIONS, what="value_state", **kwargs)

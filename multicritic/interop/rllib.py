@@ -48,6 +48,7 @@ _EMA_PREFIXES = (("mlp.", "mlp_ema."), ("return_layer.", "return_layer_ema."))
 
 def _ordered(critic: CriticNetwork):
     """`(name, variable)` pairs in RLlib's `get_weights()` order."""
+    _common.check_critic(critic)
     out = []
     for prefix, mlp, head in (
         ("mlp", critic.mlp, critic.return_layer),
@@ -94,10 +95,11 @@ def load_rllib_weights(critic: CriticNetwork, weights: Sequence, member=None) ->
             value, naming the first offending array; the critic is left
             unchanged (everything is checked before the first assignment).
     """
-    if not critic.built:
-        raise ValueError("critic: not built yet; call it once or give its input sizes first.")
     _check_member(critic, member)
     pairs = _ordered(critic)
+    if weights is None or isinstance(weights, (str, bytes, Mapping, np.ndarray)) or not hasattr(weights, "__iter__"):
+        raise ValueError(f"weights: got a {type(weights).__name__}, expected a list of arrays (RLlib's "
+                         "CriticNetwork.get_weights()).")
     weights = list(weights)
     if len(weights) != len(pairs):
         raise ValueError(

@@ -17,7 +17,9 @@ hidden weights are fan-in truncated normals (as the official code). The
 input is `cat([belief, state])`: h first, our `input_layout="h_z"`.
 `DreamerV3ValueLoss(value_loss="two_hot", slow_critic_regularization=1.0)`'s
 state dict holds the same keys under `value_model_params.` and
-`target_value_model_params.`; either form loads.
+`target_value_model_params.`; either form loads. Keys prefixed by a
+torch.compile / DDP / Fabric wrapper (`_orig_mod.`, `module.`,
+`_forward_module.`) are accepted.
 
 The slow copy: `SoftUpdate(loss, tau=0.02)` copies on construction, then
 `target.lerp_(source, tau)` after each optimizer step:
@@ -39,8 +41,6 @@ _BUILDER = "CriticNetwork(..., **multicritic.interop.torchrl.CRITIC_OPTIONS)"
 _PREFIX = "module.0.module.model."
 BINS_KEY = "module.2.module.bins"
 _LOSS_PREFIXES = ("value_model_params.", "target_value_model_params.")
-# TorchRL's own keys start with "module.": only torch.compile's and Fabric's wrappers are taken off.
-_WRAPPERS = ("_orig_mod.", "_forward_module.")
 
 
 def _key(kind: str, i: int) -> str:
@@ -55,12 +55,27 @@ def _layout(critic):
     return _common.entries(critic, _key, transpose=True)
 
 
+def _own_layout(state) -> bool:
+    """Whether `state`'s keys are TorchRL's own (which start with `module.`, as a DDP wrapper's do)."""
+    return any(isinstance(k, str) and k.startswith((_PREFIX, BINS_KEY) + _LOSS_PREFIXES) for k in state)
+
+
+def _unwrap(state):
+    """`state` without the prefixes of torch.compile / DDP / Fabric wrappers around TorchRL's modules."""
+    return _common.unwrap(state, unwrapped=_own_layout)
+
+
 def _weights(critic, state, what):
     """`state` without its bins buffer, after checking the bins are this critic's."""
-    state = _common.unwrap(state, _WRAPPERS)
     if state is None or not isinstance(state, Mapping) or BINS_KEY not in state:
         return state
-    bins = _common.host_array(state[BINS_KEY])
+    try:
+        bins = _common.host_array(state[BINS_KEY])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what}: {BINS_KEY}: got an object that is not a number array ({err}).") from None
+    if bins.dtype.kind not in "fiu":
+        raise ValueError(f"{what}: {BINS_KEY}: got dtype {bins.dtype}, expected a real number array.")
+    bins = bins.astype(np.float64)
     want = bucket_values(critic.num_buckets, critic.lower_bound, critic.upper_bound, critic.bin_scheme)
     if bins.shape != want.shape or not np.allclose(bins, want, rtol=1e-6, atol=0.0):
         raise ValueError(f"{what}: {BINS_KEY}: the bins differ from this critic's ({critic.num_buckets} "
@@ -82,6 +97,7 @@ def load_torchrl(critic, value_state: Mapping, target_value_state: Optional[Mapp
     holding both; without a slow copy the EMA copy becomes the value model, as `SoftUpdate` does) into `critic`,
     all or nothing."""
     layout = _layout(critic)
+    value_state, target_value_state = _unwrap(value_state), _unwrap(target_value_state)
     if target_value_state is None:
         value_state, target_value_state = _split_loss_state(value_state)
     _common.load(critic, layout, {"value_state": _weights(critic, value_state, "value_state"),
@@ -92,15 +108,16 @@ def load_torchrl(critic, value_state: Mapping, target_value_state: Optional[Mapp
 def export_torchrl(critic, member: Optional[int] = None) -> Tuple[Dict[str, object], Dict[str, object]]:
     """`(value_state, target_value_state)`: numpy state dicts of TorchRL's value model (bins included) and its
     slow copy."""
+    layout = _layout(critic)
     bins = bucket_values(critic.num_buckets, critic.lower_bound, critic.upper_bound, critic.bin_scheme)
-    fast, slow = _common.export(critic, _layout(critic), member)
+    fast, slow = _common.export(critic, layout, member)
     return {**fast, BINS_KEY: bins.copy()}, {**slow, BINS_KEY: bins.copy()}
 
 
 def torchrl_critic(value_state: Mapping, target_value_state: Optional[Mapping] = None, *, gru_units: int,
                    num_z_categoricals: int, num_z_classes: int, **kwargs):
     """A `CriticNetwork` of the value model's size, loaded (`gru_units`: the belief size)."""
-    fast = _split_loss_state(value_state)[0] if target_value_state is None else value_state
+    fast = _split_loss_state(_unwrap(value_state))[0] if target_value_state is None else _unwrap(value_state)
     return _common.build(lambda critic: load_torchrl(critic, value_state, target_value_state), _key, True,
-                         _common.unwrap(fast, _WRAPPERS), gru_units=gru_units, num_z_categoricals=num_z_categoricals,
+                         fast, gru_units=gru_units, num_z_categoricals=num_z_categoricals,
                          num_z_classes=num_z_classes, options=CRITIC_OPTIONS, what="value_state", **kwargs)

@@ -1,9 +1,11 @@
 """Trainer checkpoints: critic (fast and EMA), optimizer slots and step counter in one sealed file.
 
 The file is a numpy `.npz` archive (it loads on any backend) with a JSON
-`meta` entry (format, critic config, trainer options, optimizer config) and
+`meta` entry (format, critic config, trainer options, optimizer config, the
+number of hosts of the run that saved it) and
 one array per state variable, keyed by its path relative to the trainer
-(`critic/mlp/dense_0/kernel`, `optimizer/iteration`, `trainer/steps`), so
+(`critic/mlp/dense_0/kernel`, `optimizer/iteration`, `trainer/steps`; a
+loss-scale optimizer's inner optimizer under `optimizer/inner/`), so
 neither the critic's `name` nor the order of variables matters. The file ends
 with a SHA-256 seal (`multicritic.integrity`). Restoring checks the seal,
 the metadata, the configs and every array before it assigns anything.
@@ -14,11 +16,13 @@ variable paths give the keys.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import json
 import os
 import zipfile
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import keras
 import numpy as np
@@ -39,7 +43,7 @@ _OPTION_DEFAULTS = {"ema_update_period": 1, "ema_regularizer_weight": 1.0, "ema_
                     "replay_loss_weight": 0.3, "replay_discount": 1.0 - 1.0 / 333}
 
 
-def _key(var, critic_name: str, optimizer_vars: set, steps) -> str:
+def _key(var, critic_name: str, optimizer_vars: set, steps, inner_vars: frozenset = frozenset()) -> str:
     path = var.path
     if var is steps:
         return "trainer/steps"
@@ -48,19 +52,33 @@ def _key(var, critic_name: str, optimizer_vars: set, steps) -> str:
         name = path.split("/", 1)[-1]
         if name.startswith(critic_name + "_"):
             name = "critic_" + name[len(critic_name) + 1 :]
-        return "optimizer/" + name
+        # A wrapped optimizer's own (a LossScaleOptimizer's inner Adam: its `iteration` and `learning_rate`
+        # share the wrapper's names).
+        return ("optimizer/inner/" if id(var) in inner_vars else "optimizer/") + name
     if path.startswith(critic_name + "/"):
         path = path[len(critic_name) + 1 :]
     return "critic/" + path
+
+
+def _unnamed(config):
+    """A serialized config without its `name`s, at every depth (a loss-scale optimizer's inner optimizer is
+    named `adam_1` in a second trainer of the same process: names do not change the math)."""
+    if isinstance(config, dict):
+        return {k: _unnamed(v) for k, v in config.items() if k != "name"}
+    if isinstance(config, list):
+        return [_unnamed(v) for v in config]
+    return config
 
 
 def keyed_variables(trainer) -> Dict[str, object]:
     """`{key: variable}` for every state variable of `trainer`, keys independent of names given by the user."""
     critic_name = trainer.critic.name
     optimizer_vars = {id(v) for v in trainer.optimizer.variables}
+    inner = getattr(trainer.optimizer, "inner_optimizer", None)
+    inner_vars = frozenset(id(v) for v in inner.variables) if inner is not None else frozenset()
     out = {}
     for var in trainer.state_variables:
-        key = _key(var, critic_name, optimizer_vars, trainer.steps)
+        key = _key(var, critic_name, optimizer_vars, trainer.steps, inner_vars)
         if key in out:
             raise ValueError(f"checkpoint: two state variables share the key {key!r}; cannot save this trainer.")
         out[key] = var
@@ -88,22 +106,24 @@ def _to_numpy(var):
     return np.array(keras.ops.convert_to_numpy(var.value))
 
 
-def _meta(trainer) -> dict:
+def _meta(trainer, hosts: int) -> dict:
     return {
         "format": FORMAT,
         "critic_config": trainer.critic.get_config(),
         "trainer_options": trainer.options(),
         "optimizer": keras.optimizers.serialize(trainer.optimizer),
+        "hosts": hosts,
     }
 
 
-def save(trainer, path) -> str:
-    """Writes `trainer`'s full state to `path` (`.npz` is appended if missing); returns the path."""
+def save(trainer, path, hosts: int = 1) -> str:
+    """Writes `trainer`'s full state to `path` (`.npz` is appended if missing); returns the path. `hosts`:
+    the number of hosts of the run, recorded in the metadata."""
     path = os.fspath(path)
     if not path.endswith(".npz"):
         path += ".npz"
     arrays = {key: _to_numpy(var) for key, var in keyed_variables(trainer).items()}
-    meta = json.dumps(_meta(trainer), default=str)
+    meta = json.dumps(_meta(trainer, hosts), default=str)
 
     def write(tmp):
         with open(tmp, "wb") as f:
@@ -115,6 +135,7 @@ def save(trainer, path) -> str:
 def _read(path):
     what = "path"
     data, sealed = integrity.read_file(path, what)
+    digest = hashlib.sha256(data).hexdigest()
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             names = list(archive.files)
@@ -143,13 +164,40 @@ def _read(path):
         by_position = [f"state_{i:04d}" for i in range(len(paths))]
         if sorted(arrays) != sorted(by_position):
             raise ValueError(f"path: {os.fspath(path)!r}: holds arrays {sorted(arrays)[:4]}..., expected {len(paths)} state arrays.")
-        return meta, fmt, arrays, by_position
-    return meta, fmt, arrays, None
+        return meta, fmt, arrays, by_position, digest
+    return meta, fmt, arrays, None, digest
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A checkpoint read and checked against a trainer, not assigned yet.
+
+    Attributes:
+        values: `{key: numpy array}`, one per state variable of the trainer.
+        digest: the SHA-256 (hex) of the file's content, its seal's.
+        hosts: the number of hosts of the run that saved it (None: written
+            before files recorded it).
+    """
+
+    values: Dict[str, np.ndarray]
+    digest: str
+    hosts: Optional[int]
 
 
 def load(trainer, path) -> None:
     """Restores a state written by `save` into `trainer`; all or nothing."""
-    meta, fmt, arrays, by_position = _read(path)
+    assign(trainer, check(trainer, path))
+
+
+def assign(trainer, checked: Checked) -> None:
+    """Assigns a `check`ed state to `trainer`'s variables."""
+    for key, var in keyed_variables(trainer).items():
+        var.assign(checked.values[key])
+
+
+def check(trainer, path) -> Checked:
+    """Reads `path` and checks it against `trainer` (seal, metadata, configs, every array); changes nothing."""
+    meta, fmt, arrays, by_position, digest = _read(path)
     where = f"path: {os.fspath(path)!r}"
     saved_config, moved_options = meta["critic_config"], {}
     if isinstance(trainer.critic, CriticNetwork):
@@ -169,7 +217,8 @@ def load(trainer, path) -> None:
             f"{where} holds a {saved_opt.get('class_name')} optimizer state, this trainer has a {opt.get('class_name')}."
         )
     opt_diff = integrity.config_differences(
-        saved_opt.get("config") or {}, json.loads(json.dumps(opt.get("config") or {}, default=str)), ("name",)
+        _unnamed(saved_opt.get("config") or {}),
+        _unnamed(json.loads(json.dumps(opt.get("config") or {}, default=str))),
     )
     if opt_diff:
         raise ValueError(f"{where} holds an optimizer configured otherwise: {'; '.join(opt_diff)}.")
@@ -179,6 +228,5 @@ def load(trainer, path) -> None:
     expected = {
         key: (tuple(var.shape), keras.backend.standardize_dtype(var.dtype)) for key, var in variables.items()
     }
-    checked = integrity.check_arrays(where, arrays, expected)
-    for key, var in variables.items():
-        var.assign(checked[key])
+    hosts = meta.get("hosts")
+    return Checked(integrity.check_arrays(where, arrays, expected), digest, hosts if isinstance(hosts, int) else None)

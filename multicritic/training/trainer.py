@@ -16,7 +16,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend, heads
+from multicritic import backend, draws, heads
 from multicritic.backend import StepProgram
 from multicritic.bins import inverse_symlog
 from multicritic.critic import CriticNetwork
@@ -24,7 +24,7 @@ from multicritic.layers.dispatch import call_layer
 from multicritic.multi_critic import MultiCritic
 from multicritic.losses import EMA_REGULARIZERS, critic_loss
 from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns
-from multicritic.training import checkpoint
+from multicritic.training import checkpoint, hosts
 from multicritic.validation import as_float32, fmt, integer, number, real_values
 
 
@@ -105,7 +105,8 @@ class CriticTrainer:
         optimizer: a Keras optimizer; default Keras `Adam(learning_rate,
             epsilon=epsilon)`, the reference's. Under the `mixed_float16`
             policy it is wrapped in a `keras.optimizers.LossScaleOptimizer`.
-            Clipping is done here: give it no `clipnorm` of its own.
+            Clipping is done here: one that clips on its own (`clipnorm`,
+            `clipvalue`, `global_clipnorm`) is refused unless `grad_clip=None`.
         gamma: discount for lambda-returns and dream loss weights.
         lambda_: TD(lambda) parameter.
         grad_clip: global-norm clip (100 in the reference); `None` for none.
@@ -125,11 +126,16 @@ class CriticTrainer:
         seed: seed of the member draws of `aggregation="min_of_random"`; the
             members drawn at a step are a function of the seed and the step
             count (no random state to carry or checkpoint).
-        learning_rate, epsilon: of the default Adam (3e-5, 1e-5).
-        jit_compile: TensorFlow: compile the step with XLA; PyTorch: compile
-            the update (clip, optimizer, EMA) with `torch.compile` (about 15 s
-            once; the forward and backward passes stay eager); JAX: always
-            jitted.
+        learning_rate: of the default Adam (3e-5).
+        epsilon: of the default Adam (1e-5).
+        jit_compile: True, False or `"auto"` (the default: each backend's
+            faster choice). TensorFlow: compile the `tf.function` step with
+            XLA (`"auto"`: no XLA). PyTorch: compile the whole step with
+            `torch.compile` (two graphs, no host sync: the loss with its
+            backward, and the update; CUDA graphs on a GPU); `"auto"` runs
+            a step kind's first 1000 calls eagerly (about what a compilation
+            costs), then compiles it (see
+            `multicritic.backend.torch.TrainFunction`). JAX: always jitted.
         check_finite: raise a `ValueError` for non-finite numpy inputs before
             any state changes. Backend tensors are not inspected on the host;
             inside the compiled step non-finite targets are dropped from the
@@ -169,7 +175,7 @@ class CriticTrainer:
         seed: Optional[int] = None,
         learning_rate: float = 3e-5,
         epsilon: float = 1e-5,
-        jit_compile: bool = False,
+        jit_compile="auto",
         check_finite: bool = True,
         step_counter: Optional[keras.Variable] = None,
         value_loss_weight: float = 1.0,
@@ -188,6 +194,15 @@ class CriticTrainer:
         gamma = number("gamma", gamma, low=0.0, high=1.0)
         lambda_ = number("lambda_", lambda_, low=0.0, high=1.0)
         grad_clip = number("grad_clip", grad_clip, low=0.0, low_open=True, allow_none=True)
+        if grad_clip is not None and optimizer is not None:
+            for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+                for name in ("clipnorm", "clipvalue", "global_clipnorm"):
+                    if getattr(opt, name, None) is not None:
+                        raise ValueError(
+                            f"optimizer: got a {type(opt).__name__} with {name}={getattr(opt, name)!r} and "
+                            f"grad_clip={grad_clip!r}, expected one clipping: an optimizer without {name} (the "
+                            "step clips the global norm to grad_clip), or grad_clip=None."
+                        )
         learning_rate = number("learning_rate", learning_rate, low=0.0, low_open=True)
         epsilon = number("epsilon", epsilon, low=0.0, low_open=True)
         ema_update_period = integer("ema_update_period", ema_update_period)
@@ -204,8 +219,10 @@ class CriticTrainer:
                     f"{list(heads.get(member.head).regularizers)}."
                 )
         if seed is not None:
-            seed = integer("seed", seed, low=0)
-        for name, flag in (("jit_compile", jit_compile), ("check_finite", check_finite), ("ema_targets", ema_targets),
+            seed = integer("seed", seed, low=0, high=2**32 - 1)
+        if not (isinstance(jit_compile, (bool, np.bool_)) or (isinstance(jit_compile, str) and jit_compile == "auto")):
+            raise ValueError(f"jit_compile: got {jit_compile!r}, expected True, False or 'auto'.")
+        for name, flag in (("check_finite", check_finite), ("ema_targets", ema_targets),
                            ("ema_update_first", ema_update_first)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name}: got {flag!r}, expected True or False.")
@@ -229,7 +246,7 @@ class CriticTrainer:
         self.replay_loss_weight = float(replay_loss_weight)
         self.replay_discount = float(replay_discount)
         self.seed = seed
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = jit_compile if isinstance(jit_compile, str) else bool(jit_compile)
         self.check_finite = bool(check_finite)
         self.optimizer.build(critic.trainable_variables)
         if step_counter is not None and not any(step_counter is v for v in self.optimizer.variables):
@@ -243,23 +260,23 @@ class CriticTrainer:
             if step_counter is None
             else step_counter
         )
-        # Member draws of "min_of_random": a generator per stream whose state
-        # is set from (seed, step count) at each step, so draws need no state
-        # of their own and a resumed run draws what the whole run would have.
-        self.seed_generators = {}
+        # Member draws of "min_of_random": a pure function of (seed, step count) per stream
+        # (`multicritic.draws`), so draws need no state of their own and a resumed run draws what the whole
+        # run would have. Streams draw apart: each its own offset of the seed.
+        draw_seed = int(np.random.default_rng().integers(0, 2**31)) if seed is None else seed
+        self.draw_seeds = {}
         for stream, member in self._critics().items():
             if member.ensemble_size > 1 and member.aggregation == "min_of_random":
-                generator = keras.random.SeedGenerator(
-                    seed, name="critic_trainer_seed" + ("" if stream is None else "_" + stream)
-                )
-                # Streams draw apart: each its own offset of the seed.
-                base = int(np.asarray(ops.convert_to_numpy(generator.state)).reshape(-1)[0]) + len(self.seed_generators)
-                self.seed_generators[stream] = (generator, base)
+                self.draw_seeds[stream] = draws.as_int32((draw_seed + len(self.draw_seeds)) % 2**32)
         self._backend = backend.current()
         self._compiled: Dict[str, Callable] = {}
         # One step at a time: a second thread gets a clear error, not a
         # half-updated state (or, on JAX, donated buffers).
         self._lock = threading.Lock()
+        # On several hosts, every host must build this same trainer: checked before the first collective
+        # (PyTorch: DDP's weight broadcast, next).
+        if hosts.topology(self.state_variables)[1] > 1:
+            hosts.agree("CriticTrainer", hosts.fingerprint(self), self.state_variables)
         # The critic's forward pass; a backend may route it through its
         # data-parallel engine (PyTorch DDP).
         self._forward = self._backend.forward_function(critic) or functools.partial(call_layer, critic)
@@ -298,11 +315,15 @@ class CriticTrainer:
 
     def save(self, path) -> str:
         """Saves the critic (fast and EMA), optimizer slots and step counter to one `.npz`
-        file that loads on any backend; returns the path written."""
-        with self._lock:
-            return checkpoint.save(self, path)
+        file that loads on any backend; returns the path written.
 
-    def restore(self, path) -> None:
+        On several hosts (`multicritic.training.hosts`) every host calls it
+        and host 0 alone writes the file; the others wait until it is written.
+        """
+        with self._lock:
+            return hosts.save(self, path)
+
+    def restore(self, path) -> Dict[str, object]:
         """Restores a `save`d state, so a resumed run continues exactly where it stopped.
 
         Everything is checked before the first variable changes: the file's
@@ -311,12 +332,21 @@ class CriticTrainer:
         optimizer's class and config, and every array (keyed by variable
         path: none missing, none extra, shapes, dtypes, finite values).
 
+        On several hosts every host calls it with the same file (a shared file
+        system, or a copy of it): the hosts compare the files' SHA-256 before
+        any of them assigns. A checkpoint saved on another number of hosts
+        restores, with a warning saying so.
+
+        Returns:
+            `{"step": the restored step count, "saved_on_hosts": ...,
+            "hosts": ...}` (see `multicritic.training.hosts.restore`).
+
         Raises:
-            ValueError: naming what differs or what is damaged; nothing is
-                changed then.
+            ValueError: naming what differs or what is damaged (on any host);
+                nothing is changed then, on any host.
         """
         with self._lock:
-            checkpoint.load(self, path)
+            return hosts.restore(self, path)
 
     # ------------------------------------------------------------------
     # The step's math, shared by all backends.
@@ -432,13 +462,9 @@ class CriticTrainer:
 
     def _aggregate(self, stream, critic, values):
         """`critic.aggregate`, drawing "min_of_random" members from (seed, step count)."""
-        if stream not in self.seed_generators:
+        if stream not in self.draw_seeds:
             return critic.aggregate(values)
-        generator, base = self.seed_generators[stream]
-        state = ops.cast(ops.stack([ops.convert_to_tensor(base, "int32"), ops.cast(self.steps, "int32")]),
-                         generator.state.dtype)
-        with keras.StatelessScope(state_mapping=[(generator.state, state)]):
-            return critic.aggregate(values, seed=generator)
+        return critic.aggregate(values, seed=(self.draw_seeds[stream], ops.cast(self.steps, "int32")))
 
     def _flat_outputs(self, h, z, need_ema):
         """Fast (and EMA: `{}` when not `need_ema`) outputs on time-major states `[L, B, ...]`, flattened."""
@@ -530,6 +556,7 @@ class CriticTrainer:
             apply=self._apply,
             jit_compile=self.jit_compile,
             private=list(self.optimizer.variables),
+            loss_scaled=isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer),
         )
 
     def _apply(self, grads, losses):
@@ -737,11 +764,15 @@ class CriticTrainer:
         both losses.
 
         Args:
-            h, z, rewards, continues: as `train_on_dream`, with `B * T` dreams.
+            h: as `train_on_dream`, with `B * T` dreams.
+            z: as `train_on_dream`, with `B * T` dreams.
+            rewards: as `train_on_dream`, with `B * T` dreams.
+            continues: as `train_on_dream`, with `B * T` dreams.
             replay_h: `[T, B, gru_units]` replayed recurrent states.
             replay_z: `[T, B, num_z_categoricals, num_z_classes]`.
             replay_rewards: `[T, B]` (a `MultiCritic`: `{stream: [T, B]}`).
-            replay_is_last, replay_is_terminal: `[T, B]` flags (0 or 1).
+            replay_is_last: `[T, B]` episode-boundary flags (0 or 1).
+            replay_is_terminal: `[T, B]` terminal flags (0 or 1).
 
         Returns:
             The metrics dict of `train_on_dream`, plus the replay loss's as

@@ -1,4 +1,4 @@
-"""The native single-critic baselines (`benchmarks/native_*.py`) compute `CriticTrainer`'s step.
+"""The native single-critic baselines (`benchmarks/native/native_*.py`) compute `CriticTrainer`'s step.
 
 From the same weights (fast and EMA), three steps of the current backend's
 native step, in each of its variants (two-hot by gather or dense product,
@@ -26,14 +26,15 @@ BATCH, LR, STEPS = 64, 3e-5, 3
 
 def _module():
     """This backend's native module (each CI session has only its own framework)."""
-    return importlib.import_module(f"benchmarks.native_{BACKEND}")
+    return importlib.import_module(f"benchmarks.native.native_{BACKEND}")
 
 
 def _variants():
-    """Every variant of this backend's baseline, as `make_step` keywords."""
+    """Every variant of this backend's baseline, as `make_step` keywords (PyTorch: and its compiled step)."""
     from benchmarks import variants
 
-    return variants(_module())
+    compiled = [{"jit_compile": True, "two_hot": "gather", "optimizer": "foreach"}] if BACKEND == "torch" else []
+    return variants(_module()) + compiled
 
 
 def _layers(critic, ema):
@@ -56,7 +57,7 @@ def _native(critic, in_dim, variant):
     units, layers = critic.dense_hidden_units, critic.num_dense_layers
     fast, ema = _layers(critic, False), _layers(critic, True)
     if BACKEND == "jax":
-        from benchmarks import native_jax as native
+        from benchmarks.native import native_jax as native
 
         def tree(structured):
             mlp, (kernel, bias) = structured
@@ -72,7 +73,7 @@ def _native(critic, in_dim, variant):
 
         return step, read
     if BACKEND == "torch":
-        from benchmarks import native_torch as native
+        from benchmarks.native import native_torch as native
 
         def named(structured):
             mlp, (kernel, bias) = structured
@@ -92,7 +93,7 @@ def _native(critic, in_dim, variant):
                 d["head.weight"].T, d["head.bias"]]
 
         return step, read
-    from benchmarks import native_tensorflow as native
+    from benchmarks.native import native_tensorflow as native
 
     step = native.make_step(in_dim, units, layers, lr=LR, initial=(_flat(fast), _flat(ema)), **variant)
     return step, step.read

@@ -1,4 +1,4 @@
-"""The native vectorised ensemble baselines (`benchmarks/native_ensemble_*.py`) compute multicritic's step.
+"""The native vectorised ensemble baselines (`benchmarks/native/native_ensemble_*.py`) compute multicritic's step.
 
 From the same weights (fast and EMA), one step of the current backend's
 native ensemble gives the same loss as a K=3 `CriticNetwork` trained by
@@ -39,7 +39,7 @@ def _native(critic, in_dim):
     if BACKEND == "jax":
         import jax.numpy as jnp
 
-        from benchmarks import native_ensemble_jax as native
+        from benchmarks.native import native_ensemble_jax as native
 
         def tree(stacked):
             mlp, (kernel, bias) = stacked
@@ -58,7 +58,7 @@ def _native(critic, in_dim):
         return model.step, read
     if BACKEND == "torch":
         pytest.importorskip("torch.func")
-        from benchmarks import native_ensemble_torch as native
+        from benchmarks.native import native_ensemble_torch as native
 
         model = native.Ensemble(MEMBERS, in_dim, units, layers)
 
@@ -82,7 +82,7 @@ def _native(critic, in_dim):
             return mlp, (np.swapaxes(d["head.weight"], 1, 2), d["head.bias"])
 
         return model.step, read
-    from benchmarks import native_ensemble_tensorflow as native
+    from benchmarks.native import native_ensemble_tensorflow as native
 
     model = native.Ensemble(MEMBERS, in_dim, units, layers, jit_compile=False)
 

@@ -1,4 +1,4 @@
-"""benchmarks/peers.py (and peers_official.py) run at a tiny size, so that they cannot rot; no timing is asserted.
+"""benchmarks/peers/peers.py (and peers_official.py) run at a tiny size, so that they cannot rot; no timing is asserted.
 
 The peers' own packages (sheeprl, ray[rllib], torchrl; see tests/interop) are needed: without them, or on a
 Keras backend other than PyTorch, the smoke test skips, except with MULTICRITIC_REQUIRE_UPSTREAM=1 (the
@@ -19,7 +19,7 @@ from tests.conftest import BACKEND
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks import peers, peers_official  # noqa: E402  (stdlib only at import)
+from benchmarks.peers import peers, peers_official  # noqa: E402  (stdlib only at import)
 
 OFFICIAL_PYTHON = os.environ.get("MULTICRITIC_OFFICIAL_PYTHON", "/tmp/official_work/venv/bin/python")
 
@@ -46,7 +46,7 @@ def _run(cmd, env=None):
 def test_peers_benchmark_runs(tmp_path):
     _require_peers()
     out = tmp_path / "peers.json"
-    result = _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers.py"), "--size", "nano", "--batch", "8",
+    result = _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers", "peers.py"), "--size", "nano", "--batch", "8",
                    "--repeats", "2", "--block-seconds", "0.01", "--threads", "1", "--json", str(out)],
                   env=dict(os.environ, KERAS_BACKEND="torch"))
     records = json.loads(out.read_text())
@@ -72,7 +72,7 @@ def test_official_benchmark_runs(tmp_path):
     pair = importlib.util.find_spec("jax") is not None
     out = tmp_path / "official.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    _run([OFFICIAL_PYTHON, os.path.join(ROOT, "benchmarks", "peers_official.py"), "--size", "nano", "--batch", "8",
+    _run([OFFICIAL_PYTHON, os.path.join(ROOT, "benchmarks", "peers", "peers_official.py"), "--size", "nano", "--batch", "8",
           "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)]
          + (["--pair-python", sys.executable] if pair else []), env=env)
     (record,) = json.loads(out.read_text())

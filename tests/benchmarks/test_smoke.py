@@ -11,34 +11,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_train_step_benchmark_runs(tmp_path):
+    # The uncompiled implementations (compiled steps are tested in tests/backend/test_torch.py and
+    # tests/benchmarks/test_native_baselines.py; compiling them here would only add minutes).
+    ours = "multicritic_eager" if BACKEND == "torch" else "multicritic"
     out = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "train_step.py"), "--backend", BACKEND, "--size", "nano",
-         "--batch", "8", "16", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)],
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "train_step.py"), "--backend", BACKEND, "--size", "nano",
+         "--batch", "8", "16", "--repeats", "2", "--block-seconds", "0.01", "--impls", ours, "native",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = json.loads(out.read_text())
     peak = [r for r in records if r["impl"] == "matmul_peak"]
     assert len(peak) == 1 and peak[0]["gflops"] > 0
-    steps = [r for r in records if r["impl"] in ("multicritic", "native")]
-    assert sorted((r["impl"], r["batch"]) for r in steps) == [
-        ("multicritic", 8), ("multicritic", 16), ("native", 8), ("native", 16)
-    ]
+    steps = [r for r in records if r["impl"] != "matmul_peak"]
+    assert sorted((r["impl"], r["batch"]) for r in steps) == [(ours, 8), (ours, 16), ("native", 8), ("native", 16)]
     for r in steps:
         assert r["backend"] == BACKEND and r["size"] == "nano"
-        assert r["step_ms"] > 0 and r["samples_per_s"] > 0 and 0 < r["utilization"]
-    assert "| multicritic ms |" in result.stdout
+        assert r["step_ms"] > 0 and r["samples_per_s"] > 0 and 0 < r["utilization"] and r["first_call_s"] > 0
+    assert f"native/{ours} " in result.stdout
 
 
 def test_baseline_variants_benchmark_runs(tmp_path):
     sys.path.insert(0, ROOT)
     from benchmarks import variants
 
-    native = __import__(f"benchmarks.native_{BACKEND}", fromlist=["VARIANTS"])
+    native = __import__(f"benchmarks.native.native_{BACKEND}", fromlist=["VARIANTS"])
     out = tmp_path / "variants.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "baseline_variants.py"), "--backend", BACKEND, "--size",
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "baseline_variants.py"), "--backend", BACKEND, "--size",
          "nano", "--batch", "8", "--repeats", "1", "--block-seconds", "0.01", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
@@ -51,7 +53,7 @@ def test_baseline_variants_benchmark_runs(tmp_path):
 
 def test_step_flops_formula():
     sys.path.insert(0, ROOT)
-    from benchmarks.train_step import step_flops
+    from benchmarks.ours.train_step import step_flops
 
     # XS, one row: fast forward, EMA forward and weight gradients are 2 flops
     # per weight each; input gradients for every layer but the first one.
@@ -64,7 +66,7 @@ def test_export_latency_benchmark_runs(tmp_path):
 
     out = tmp_path / "latency.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "export_latency.py"), "--backend", BACKEND, "--size", "nano",
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "export_latency.py"), "--backend", BACKEND, "--size", "nano",
          "--batch", "1", "4", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )

@@ -285,3 +285,24 @@ def test_main_in_process_reruns_the_demo_on_another_backend(tmp_path, capfd):
     assert code == 0, capfd.readouterr().err
     assert json.loads(out.read_text())["backend"] == others[0]
     assert f"multicritic demo: backend {others[0]}," in capfd.readouterr().out
+
+
+def test_plot_without_an_importable_matplotlib_is_a_one_line_error(blocking, tmp_path):
+    """Finding 18: matplotlib found but not importable (a missing part, a broken install) printed a
+    traceback (exit 1) after the whole demo ran. It is imported before any work: one line, exit 2."""
+    broken = tmp_path / "broken"
+    (broken / "matplotlib").mkdir(parents=True)
+    (broken / "matplotlib" / "__init__.py").write_text(
+        "raise ImportError('matplotlib is broken: its compiled part is missing')\n")
+    out = tmp_path / "out.png"
+    args = ("demo", "--size", "nano", "--steps", "1", "--scales", "1", "--no-progress", "--plot", str(out))
+    cases = [
+        # pyplot (what the plot imports) blocked, matplotlib itself importable.
+        {"PYTHONPATH": blocking, "MULTICRITIC_TEST_BLOCK": "matplotlib.pyplot"},
+        # A matplotlib that is found but fails on import.
+        {"PYTHONPATH": with_pythonpath(broken)},
+    ]
+    for env in cases:
+        line = one_error_line(run_cli(*args, env=dict(env, KERAS_BACKEND=BACKEND), timeout=300))
+        assert line.startswith("multicritic: error: --plot: matplotlib cannot be imported ("), line
+        assert not out.exists()

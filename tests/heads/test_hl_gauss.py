@@ -87,3 +87,27 @@ def test_a_new_hl_gauss_critic_predicts_zero():
     value, logits = critic(np.ones((3, 16), "float32"), np.ones((3, 4, 4), "float32"))
     np.testing.assert_array_equal(to_np(value), 0.0)
     assert tuple(logits.shape) == (3, 255)
+
+
+def test_sigma_is_refused_where_float32_histograms_break():
+    """Finding 8: sigma=1e-40 (accepted as > 0) gave NaN rows at bucket edges. scale = 1 / (sigma * width *
+    sqrt(2)) times distances up to span = 40 + width must stay finite in float32, so sigma >= span / (width *
+    sqrt(2) * float32_max); and the total mass 2 * erf(scale * width / 2) above the smallest normal float32,
+    so sigma <= 1 / (2 * sqrt(2) * tiny)."""
+    width = 40.0 / 254
+    low = (40.0 + width) / (width * math.sqrt(2.0) * float(np.finfo(np.float32).max))
+    high = 1.0 / (2.0 * math.sqrt(2.0) * float(np.finfo(np.float32).tiny))
+    edges = -20.0 - width / 2 + width * np.arange(1, 255)  # values exactly on an edge: the NaN rows of the finding
+    for bad in (1e-40, low / 2, high * 2, 0.0, float("nan"), "0.75"):
+        with pytest.raises(ValueError, match=r"hl_gauss_sigma: got"):
+            CriticNetwork(model_size="nano", head="hl_gauss", hl_gauss_sigma=bad)
+        with pytest.raises(ValueError, match=r"hl_gauss_sigma: got"):
+            HLGaussHead(sigma=bad)
+        with pytest.raises(ValueError, match=r"sigma: got"):
+            hl_gauss(edges.astype("float32"), sigma=bad)
+    for ok in (low * 2, 1e-3, 100.0, high / 2):
+        rows = to_np(hl_gauss(edges.astype("float32"), sigma=ok))
+        assert np.all(np.isfinite(rows)), ok
+        np.testing.assert_allclose(rows.sum(-1), 1.0, rtol=1e-5)
+    # The bound follows the support: a wider bucket takes a smaller sigma.
+    CriticNetwork(model_size="nano", head="hl_gauss", hl_gauss_sigma=low / 2, num_buckets=3)

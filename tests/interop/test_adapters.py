@@ -279,6 +279,35 @@ class TestTorchViews:
         for a, b in zip(critic.fast_weights, fresh.ema_weights):
             np.testing.assert_array_equal(to_np(a.value), to_np(b.value))
 
+    def test_a_view_loads_a_state_dict_whole_or_not_at_all(self):
+        """Finding 4: one tensor of a wrong shape made `load_state_dict` copy the others first (a half load)."""
+        import torch
+
+        critic = small_critic(input_layout="z_h")
+        fast = critic.fast_module()
+        good = {k: v.detach().clone() + 1.0 for k, v in fast.state_dict().items()}
+        last = list(good)[-1]
+        before = [np.array(to_np(v.value)) for v in critic.weights]
+        for bad, message in (
+            ({**good, last: torch.zeros(3)}, rf"state_dict\['{last}'\]: got shape \[3\], expected \[255\]"),
+            ({**good, last: good[last].clone().fill_(float("nan"))}, "non-finite"),
+            ({**good, last: good[last].long()}, "got dtype torch.int64"),
+            ({**good, last: good[last].numpy()}, "got a ndarray, expected a torch.Tensor"),
+            ({k: v for k, v in good.items() if k != last}, rf"missing \['{last}'\]"),
+            ({**good, "extra": good[last]}, r"unexpected \['extra'\]"),
+            ([1, 2], "state_dict: got a list"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                fast.load_state_dict(bad)
+            for var, b in zip(critic.weights, before):
+                np.testing.assert_array_equal(to_np(var.value), b, err_msg=var.path)
+        with pytest.raises(ValueError, match="assign: got True"):
+            fast.load_state_dict(good, assign=True)
+        fast.load_state_dict(good)
+        for var, b in zip(critic.fast_weights, before):
+            np.testing.assert_array_equal(to_np(var.value), b + 1.0)
+        assert all(p is var.value for p, var in zip(fast.parameters(), critic.fast_weights))
+
     def test_first_compiled_call_in_a_process_does_not_recompile(self):
         # A fresh process: Keras's call bookkeeping guarded the first call of a process on state the call itself
         # creates.

@@ -76,3 +76,33 @@ def test_restoring_a_truncated_or_foreign_file_fails(tmp_path):
         trainer.restore(tmp_path / "other.npz")
     with pytest.raises(ValueError, match="is not a readable"):
         trainer.restore(tmp_path / "missing.npz")
+
+
+def test_a_mixed_float16_trainer_saves_and_resumes_exactly(tmp_path):
+    """Finding 16: the loss-scale optimizer and the optimizer it wraps both hold an `iteration` (and a
+    `learning_rate`): saving refused as 'two state variables share the key'. The wrapped optimizer's
+    variables are keyed under `optimizer/inner/`."""
+    import keras
+
+    from multicritic.training import checkpoint
+
+    keras.config.set_dtype_policy("mixed_float16")
+    critic, trainer = make()
+    assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    keys = checkpoint.keyed_variables(trainer)
+    assert {"optimizer/iteration", "optimizer/inner/iteration", "optimizer/dynamic_scale"} <= set(keys)
+    for step in range(2):
+        trainer.train_step(*golden_batch(critic, step))
+    path = trainer.save(tmp_path / "mixed")
+    straight = [to_np(trainer.train_step(*golden_batch(critic, step))) for step in (2, 3)]
+    final = [to_np(v) for v in trainer.state_variables]
+
+    other_critic, resumed = make(seed=99)
+    resumed.train_step(*golden_batch(other_critic, 7))  # another state, all of it replaced by the file
+    resumed.restore(path)
+    again = [to_np(resumed.train_step(*golden_batch(other_critic, step))) for step in (2, 3)]
+    for a, b in zip(straight, again):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    for a, v in zip(final, resumed.state_variables):
+        np.testing.assert_array_equal(a, to_np(v), err_msg=v.path)

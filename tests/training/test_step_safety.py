@@ -58,7 +58,7 @@ def trained(seed=0, **kwargs):
         ({"gamma": None}, r"gamma: got None"),
         ({"lambda_": float("nan")}, r"lambda_: got nan"),
         ({"optimizer": "adam"}, r"optimizer: got 'adam', expected a keras.optimizers.Optimizer instance or None"),
-        ({"jit_compile": "yes"}, r"jit_compile: got 'yes', expected True or False"),
+        ({"jit_compile": "yes"}, r"jit_compile: got 'yes', expected True, False or 'auto'"),
     ],
 )
 def test_bad_options_are_refused(kwargs, match):
