@@ -4,8 +4,9 @@ Runs sheeprl 0.8.4's DreamerV3 (its dummy environment, CPU, small sizes)
 twice from the same seed: as sheeprl ships it, then with its critic and
 target critic swapped for one multicritic `CriticNetwork` through the
 one-line adapters (`multicritic.interop.sheeprl.sheeprl_critic`, then
-`fast_module()` / `ema_module()`), starting from sheeprl's own initial
-critic weights. sheeprl's optimizer, gradient clipping, target update
+`sheeprl_modules`: views in sheeprl's own state-dict layout, so its
+checkpoints keep sheeprl's keys and `checkpoint.resume_from` works with or
+without the swap), starting from sheeprl's own initial critic weights. sheeprl's optimizer, gradient clipping, target update
 (`tau`, hard copy at step 0) and `critic_loss` run unchanged on the views.
 Prints both runs' critic losses and fails unless they agree to 1e-5
 (relative), and unless the critic's and target critic's weight changes over
@@ -55,7 +56,7 @@ def run(use_multicritic: bool, overrides=()):
     from sheeprl.utils.utils import dotdict
 
     import sheeprl.algos.dreamer_v3.dreamer_v3 as dreamer_v3
-    from multicritic.interop.sheeprl import export_sheeprl, sheeprl_critic
+    from multicritic.interop.sheeprl import export_sheeprl, sheeprl_critic, sheeprl_modules
 
     losses, weights = [], {}
     build_agent, critic_loss = dreamer_v3.build_agent, dreamer_v3.critic_loss
@@ -72,7 +73,8 @@ def run(use_multicritic: bool, overrides=()):
         ours = sheeprl_critic(critic.module.state_dict(), target_critic.state_dict(),
                               gru_units=wm.recurrent_model.recurrent_state_size,
                               num_z_categoricals=wm.stochastic_size, num_z_classes=wm.discrete_size)
-        critic, target_critic = setup_module(fabric, ours.fast_module()), setup_module(fabric, ours.ema_module())
+        critic_module, target_module = sheeprl_modules(ours)
+        critic, target_critic = setup_module(fabric, critic_module), setup_module(fabric, target_module)
         weights["after"] = lambda: export_sheeprl(ours)
         return world_model, actor, critic, target_critic, player
 

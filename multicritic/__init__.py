@@ -3,8 +3,15 @@
 Set `KERAS_BACKEND` to `tensorflow`, `torch` or `jax` before importing.
 """
 
+import sys
+
 from multicritic import backend_default
 
+if "keras" not in sys.modules and backend_default.cli_argv() is not None:
+    # This process is the `multicritic` command: its flags choose the backend, before Keras is imported.
+    from multicritic.cli import preflight
+
+    preflight(backend_default.cli_argv())  # sets KERAS_BACKEND, or exits with one line on stderr and code 2
 backend_default.select()
 
 from multicritic.bins import expected_value, inverse_symlog, symexp, symlog, two_hot  # noqa: E402

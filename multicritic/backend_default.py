@@ -5,12 +5,12 @@ names a backend; on a JAX- or PyTorch-only install that import would fail.
 Nothing changes when a backend is chosen or when Keras is already imported.
 
 When this process is the `multicritic` command (the console script or
-`python -m multicritic`), `select()` instead hands the command line to
-`multicritic.cli.preflight`, which checks every flag and the backend
-(`--backend`, KERAS_BACKEND, keras.json) before Keras is imported, and exits
-with one line on stderr and code 2 on a bad one. `multicritic/__init__.py`
-calls `select()` before it imports Keras, and importing `multicritic.cli`
-runs it, so this is the one place where that can happen first.
+`python -m multicritic`, told by `cli_argv()`), `multicritic/__init__.py`
+first hands the command line to `multicritic.cli.preflight`, which checks
+every flag and the backend (`--backend`, KERAS_BACKEND, keras.json) before
+Keras is imported, and exits with one line on stderr and code 2 on a bad
+one. The package's `__init__` runs before anything imports Keras, so this is
+the one place where that can happen first.
 
 No Keras here (and nothing that imports it).
 """
@@ -113,13 +113,8 @@ def cli_argv() -> Optional[List[str]]:
 
 
 def select() -> None:
+    """Sets KERAS_BACKEND to an installed backend when none is configured (see the module's docstring)."""
     if "keras" in sys.modules:
-        return
-    argv = cli_argv()
-    if argv is not None:
-        from multicritic.cli import preflight
-
-        preflight(argv)  # sets KERAS_BACKEND, or exits with one line on stderr and code 2
         return
     if os.environ.get("KERAS_BACKEND"):
         return

@@ -64,7 +64,7 @@ BIN_SCHEMES = ("uniform_symlog", "symexp")
 SYMLOG_LIMIT = math.log1p(float(np.finfo(np.float32).max))
 
 
-def _constant(table):
+def constant(table):
     """A cached table (a tuple of Python floats) as a float32 backend constant."""
     return backend.current().constant(table)
 
@@ -247,7 +247,7 @@ def _uniform_indices(values, num_buckets, lower_bound, upper_bound):
     kp1 = k + 1.0
     kp1 = ops.where(ops.equal(kp1, float(num_buckets)), float(num_buckets - 2), kp1)
     k, kp1 = ops.cast(k, "int32"), ops.cast(kp1, "int32")
-    table = _constant(grid)
+    table = constant(grid)
     values_k = ops.take(table, k)
     values_kp1 = ops.take(table, kp1)
     w_k = (values - values_kp1) / (values_k - values_kp1)
@@ -260,7 +260,7 @@ def _real_space_indices(values_real, values_symlog, buckets, lower_bound, upper_
     # that enclose the value. The uniform symlog grid gives the bucket to
     # within one; comparing against the stored buckets fixes rounding.
     n = len(buckets)
-    table = _constant(buckets)
+    table = constant(buckets)
     # A value at or past a bound is its end bucket exactly: symexp(bound) in
     # float32 (GPU expm1) can miss the float64-built table by an ulp.
     values_real = ops.where(values_symlog <= lower_bound, table[0], values_real)
@@ -401,7 +401,7 @@ def expected_value(
     probs = cast_to(probs, "float32")
     pairs = _decode_table(*args)
     if pairs is None:
-        mean = ops.sum(probs * _constant(_bucket_table(*args)), axis=-1)
+        mean = ops.sum(probs * constant(_bucket_table(*args)), axis=-1)
     else:
         m = num_buckets // 2
         # Per pair, (p_hi - min) * b_hi + (p_lo - min) * b_lo with the middle
@@ -413,7 +413,7 @@ def expected_value(
         # run float32 matmuls in TF32, at 1e-3 precision.
         diff = probs[..., num_buckets - m :] - ops.flip(probs[..., :m], axis=-1)
         table, skewed = pairs
-        table = _constant(table)
+        table = constant(table)
         bucket = ops.where(diff > 0.0, table[m:], table[:m]) if skewed else table[:m]
         mean = ops.sum(diff * bucket, axis=-1)
     return mean if bin_scheme == "uniform_symlog" else symlog(mean)

@@ -66,8 +66,8 @@ def _run_config(options: Dict, perturb: Optional[str]) -> Dict[str, np.ndarray]:
     (`compiled_` + forward key) and one train step (`STEP_KEYS`)."""
     import keras
 
-    from multicritic import CriticNetwork, CriticTrainer
-    from multicritic.training.trainer import predict_function
+    from multicritic.critic import CriticNetwork
+    from multicritic.training.trainer import CriticTrainer, predict_function
 
     def numpy(x):
         return np.asarray(keras.ops.convert_to_numpy(x))

@@ -10,8 +10,7 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
-# No Keras at module level: `preflight` runs from `multicritic/__init__.py`
-# (via backend_default.select) before Keras is imported.
+# No Keras at module level: `preflight` runs from `multicritic/__init__.py` before Keras is imported.
 from multicritic import backend_default
 from multicritic.check import BACKENDS, installed_backends
 from multicritic.demo.config import (

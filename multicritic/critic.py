@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend as backend_lib, draws, heads, weights_file
-from multicritic.layers.dispatch import call_layer
-from multicritic.heads.hl_gauss import check_sigma as check_hl_gauss_sigma
-from multicritic.layers.mlp import MLP, NORMS
-from multicritic.sizes import get_model_dims
+from multicritic import backend as backend_lib, ema as ema_lib, heads, members, weights_file
+from multicritic.critic_options import (  # noqa: F401  (the critic's option names, also read from here)
+    AGGREGATIONS, INPUT_LAYOUTS, TRAINING_OPTIONS, check_ensemble_fits, check_ensemble_options, check_options,
+    upgrade_config,
+)
 from multicritic.keras_training import KerasTraining
-from multicritic.validation import cast_to, compatible, integer, number, real_tensor
+from multicritic.layers.dispatch import call_layer
+from multicritic.layers.mlp import MLP
+from multicritic.validation import cast_to, compatible, h_z_pair, real_tensor, static_shape
 
-AGGREGATIONS = ("mean", "min", "min_of_random", "members")
+
 # What `on_latent` returns: both outputs, or one of them.
 _OUTPUTS = ("both", "logits", "value")
-# The order of the two parts of the state: RLlib, TorchRL and the official code concatenate h first;
-# sheeprl and NM512 put the flattened z first.
-INPUT_LAYOUTS = ("h_z", "z_h")
-# Options that moved to `CriticTrainer` (they say how the critic is trained).
-TRAINING_OPTIONS = ("ema_update_period", "ema_regularizer_weight", "ema_regularizer", "ema_targets")
-
 
 
 class _OnLatent:
@@ -36,107 +31,6 @@ class _OnLatent:
 
     def __call__(self, latent):
         return self.critic._on_latent(latent, self.use_ema, self.outputs)
-
-
-def _pair(h, z):
-    """`(h, z)` from two arguments or one `(h, z)` pair (Keras's `predict` passes `x` as one argument)."""
-    if z is None and isinstance(h, (tuple, list)) and len(h) == 2:
-        return h[0], h[1]
-    if z is None:
-        raise ValueError("z: missing; call the critic as critic(h, z) or critic((h, z)).")
-    return h, z
-
-
-def _dim(d):
-    """A static size as an int; None for an unknown or symbolic one (jax2tf's polymorphic batch)."""
-    try:
-        return None if d is None else int(d)
-    except Exception:
-        return None
-
-
-def _shape(x) -> Tuple:
-    return tuple(_dim(d) for d in x)
-
-
-def _relative_keys(variables, *prefixes) -> List[str]:
-    """Variable paths below the critic, with the sub-layer `prefix` renamed to `name` for each `(prefix, name)`."""
-    keys = []
-    for var in variables:
-        path = var.path.split("/", 1)[-1]
-        for prefix, name in prefixes:
-            if path.startswith(prefix + "/"):
-                path = name + path[len(prefix):]
-                break
-        keys.append(path)
-    return keys
-
-
-# Options added after configs were first saved, with the value older configs meant.
-_ADDED_OPTIONS = {"head": "two_hot", "hl_gauss_sigma": 0.75, "ensemble_size": 1, "aggregation": "mean",
-                  "aggregation_subset": 2, "norm": "layer", "norm_epsilon": 1e-3, "use_bias": False,
-                  "kernel_initializer": "glorot_uniform", "input_layout": "h_z"}
-
-
-def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
-    """A saved critic config as today's critic would write it, and the training options it carried.
-
-    Configs written before the training options moved to `CriticTrainer`
-    hold them; configs written before heads and ensembles lack those options
-    (whose defaults are what they computed).
-    """
-    training = {k: config[k] for k in TRAINING_OPTIONS if k in config}
-    config = {k: v for k, v in config.items() if k not in TRAINING_OPTIONS}
-    for key, value in _ADDED_OPTIONS.items():
-        config.setdefault(key, value)
-    return config, training
-
-
-def _machine_memory() -> Optional[int]:
-    """This machine's physical memory in bytes (None where the OS does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def check_ensemble_fits(ensemble_size, *, latent_size, num_dense_layers, dense_hidden_units, output_units,
-                        use_bias, norm) -> None:
-    """Refuses an ensemble whose weights cannot fit in this machine's memory, before anything is allocated.
-
-    The critic holds `2 * K * P` float32 numbers (fast and EMA copies of `K` members of `P` parameters:
-    each hidden layer's kernel, bias, norm scale (and offset for "layer"), then the head's kernel and
-    bias; an unknown input size counts as 0), `8 * K * P` bytes, and they are drawn member by member: more
-    than the machine's physical memory cannot be held anywhere the critic runs from.
-    """
-    units, layers = int(dense_hidden_units or 0), int(num_dense_layers or 0)
-    per_member, width = 0, int(latent_size or 0)
-    for _ in range(layers):
-        per_member += width * units + units * (int(bool(use_bias)) + (2 if norm == "layer" else 1))
-        width = units
-    per_member += width * output_units + output_units
-    memory = _machine_memory()
-    need = 8 * int(ensemble_size) * per_member
-    if memory is not None and need > memory:
-        most = max(memory // max(8 * per_member, 1), 1)
-        raise ValueError(
-            f"ensemble_size: got {ensemble_size!r}, expected at most {most} for this critic: its fast and EMA "
-            f"copies of {ensemble_size} members of {per_member} parameters need {need:.3g} bytes of float32 "
-            f"weights, more than this machine's {memory:.3g} bytes of memory."
-        )
-
-
-def check_ensemble_options(ensemble_size, aggregation, aggregation_subset):
-    """Raises a `ValueError` for ensemble options outside their range."""
-    integer("ensemble_size", ensemble_size)
-    if not isinstance(aggregation, str) or aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation: got {aggregation!r}, expected one of {list(AGGREGATIONS)}.")
-    integer("aggregation_subset", aggregation_subset)
-    if aggregation == "min_of_random" and aggregation_subset > ensemble_size:
-        raise ValueError(
-            f"aggregation_subset: got {aggregation_subset} with ensemble_size={ensemble_size}, expected at most "
-            "ensemble_size members to take the minimum of."
-        )
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
@@ -267,42 +161,13 @@ class CriticNetwork(KerasTraining, keras.Model):
         input_layout: str = "h_z",
         **kwargs,
     ):
-        moved = [k for k in TRAINING_OPTIONS if k in kwargs]
-        if moved:
-            raise ValueError(
-                f"{moved[0]}: a training option, now given to CriticTrainer (CriticTrainer(critic, {moved[0]}=...)), "
-                "not to the critic."
-            )
-        dims = get_model_dims(
-            model_size,
-            gru_units=gru_units,
-            dense_hidden_units=dense_hidden_units,
-            num_dense_layers=num_dense_layers,
-            num_z_categoricals=num_z_categoricals,
-            num_z_classes=num_z_classes,
-        )
-        head_class = heads.get(head)
-        hl_gauss_sigma = number("hl_gauss_sigma", hl_gauss_sigma, low=0.0, low_open=True)
-        head_class.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
-        if head == "hl_gauss":
-            check_hl_gauss_sigma(hl_gauss_sigma, num_buckets, lower_bound, upper_bound)
-        number("ema_decay", ema_decay, low=0.0, high=1.0)
-        check_ensemble_options(ensemble_size, aggregation, aggregation_subset)
-        if not isinstance(input_layout, str) or input_layout not in INPUT_LAYOUTS:
-            raise ValueError(f"input_layout: got {input_layout!r}, expected one of {list(INPUT_LAYOUTS)}.")
-        if not isinstance(norm, str) or norm not in NORMS:
-            raise ValueError(f"norm: got {norm!r}, expected one of {list(NORMS)}.")
-        try:
-            kernel_initializer = keras.initializers.get(kernel_initializer)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"kernel_initializer: got {kernel_initializer!r}, expected a Keras initializer (an "
-                             f"instance, a name or a config) ({err}).") from None
-        known = None not in (dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"])
-        check_ensemble_fits(
-            ensemble_size,
-            latent_size=dims["gru_units"] + dims["num_z_categoricals"] * dims["num_z_classes"] if known else 0,
-            num_dense_layers=dims["num_dense_layers"], dense_hidden_units=dims["dense_hidden_units"],
-            output_units=head_class.output_units(int(num_buckets)), use_bias=use_bias, norm=norm)
+        dims, head_class, hl_gauss_sigma, kernel_initializer = check_options(
+            kwargs, model_size=model_size, num_buckets=num_buckets, lower_bound=lower_bound, upper_bound=upper_bound,
+            ema_decay=ema_decay, bin_scheme=bin_scheme, num_dense_layers=num_dense_layers,
+            dense_hidden_units=dense_hidden_units, gru_units=gru_units, num_z_categoricals=num_z_categoricals,
+            num_z_classes=num_z_classes, head=head, hl_gauss_sigma=hl_gauss_sigma, ensemble_size=ensemble_size,
+            aggregation=aggregation, aggregation_subset=aggregation_subset, norm=norm, use_bias=use_bias,
+            kernel_initializer=kernel_initializer, input_layout=input_layout)
         kwargs.setdefault("name", "critic")
         backend_lib.current()  # imported now, not first inside a host's torch.compile (a graph break)
         super().__init__(**kwargs)
@@ -384,8 +249,8 @@ class CriticNetwork(KerasTraining, keras.Model):
             if layer is not None:
                 layer.trainable = False
 
-    def _check_inputs(self, h_shape, z_shape):
-        h_shape, z_shape = _shape(h_shape), _shape(z_shape)
+    def check_inputs(self, h_shape, z_shape):
+        h_shape, z_shape = static_shape(h_shape), static_shape(z_shape)
         want_h = (None, self.gru_units)
         want_z = (None, self.num_z_categoricals, self.num_z_classes)
 
@@ -406,7 +271,7 @@ class CriticNetwork(KerasTraining, keras.Model):
             )
 
     def build(self, h_shape, z_shape):
-        self._check_inputs(h_shape, z_shape)
+        self.check_inputs(h_shape, z_shape)
         check_ensemble_fits(self.ensemble_size, latent_size=int(h_shape[-1]) + int(z_shape[-2]) * int(z_shape[-1]),
                             num_dense_layers=self.num_dense_layers, dense_hidden_units=self.dense_hidden_units,
                             output_units=heads.get(self.head).output_units(self.num_buckets), use_bias=self.use_bias,
@@ -423,7 +288,7 @@ class CriticNetwork(KerasTraining, keras.Model):
         self.init_ema()
 
     def __call__(self, h, z=None, *args, **kwargs):
-        h, z = _pair(h, z)
+        h, z = h_z_pair(h, z)
         if not args and set(kwargs) <= {"use_ema"} and isinstance(kwargs.get("use_ema", False), bool):
             use_ema = kwargs.get("use_ema", False)
             return backend_lib.current().replay(self, self._variables, ("call", use_ema, self.forward_signature()),
@@ -464,14 +329,14 @@ class CriticNetwork(KerasTraining, keras.Model):
         if len(h.shape) <= 2 or len(z.shape) <= 3:
             return super().__call__(h, z, *args, **kwargs)
         # Leading dims ([T, B, ...]): one flat batch through the network, then the host's shape back.
-        lead = _shape(h.shape)[:-1]
-        if len(z.shape) != len(h.shape) + 1 or not compatible(_shape(z.shape)[:-2], lead):
+        lead = static_shape(h.shape)[:-1]
+        if len(z.shape) != len(h.shape) + 1 or not compatible(static_shape(z.shape)[:-2], lead):
             raise ValueError(
-                f"h, z: got shapes {list(_shape(h.shape))} and {list(_shape(z.shape))}; expected h [..., "
+                f"h, z: got shapes {list(static_shape(h.shape))} and {list(static_shape(z.shape))}; expected h [..., "
                 f"gru_units={self.gru_units}] and z [..., num_z_categoricals={self.num_z_categoricals}, "
                 f"num_z_classes={self.num_z_classes}] with the same leading dimensions."
             )
-        self._check_inputs((None,) + _shape(h.shape)[-1:], (None,) + _shape(z.shape)[-2:])
+        self.check_inputs((None,) + static_shape(h.shape)[-1:], (None,) + static_shape(z.shape)[-2:])
         flat = super().__call__(ops.reshape(h, (-1, h.shape[-1])), ops.reshape(z, (-1,) + tuple(z.shape[-2:])),
                                 *args, **kwargs)
         return self._unflatten(flat, ops.shape(h)[:-1])
@@ -511,7 +376,7 @@ class CriticNetwork(KerasTraining, keras.Model):
         if not self.built:
             raise ValueError("on_latent: the critic has no variables yet; call it once or give its input sizes first.")
         latent = real_tensor("latent", latent, self.compute_dtype)
-        shape = _shape(latent.shape)
+        shape = static_shape(latent.shape)
         if len(shape) < 1 or shape[-1] not in (None, self.latent_size):
             order = "h, flatten(z)" if self.input_layout == "h_z" else "flatten(z), h"
             raise ValueError(
@@ -562,12 +427,12 @@ class CriticNetwork(KerasTraining, keras.Model):
 
     def view_names(self) -> List[str]:
         """The parameter names of `fast_module()` / `ema_module()`, in the order of `fast_weights`."""
-        return [key.replace("/", "_") for key in _relative_keys(self.fast_weights, ("mlp", "mlp"), ("return_layer", "head"))]
+        return [key.replace("/", "_") for key in ema_lib.relative_keys(self.fast_weights, ("mlp", "mlp"), ("return_layer", "head"))]
 
     def call(self, h, z=None, use_ema=False):
-        h, z = _pair(h, z)
+        h, z = h_z_pair(h, z)
         h = cast_to(h, self.compute_dtype)
-        self._check_inputs(h.shape, z.shape)
+        self.check_inputs(h.shape, z.shape)
         z = ops.reshape(cast_to(z, self.compute_dtype), (-1, self.num_z_categoricals * self.num_z_classes))
         # The parts in the latent's order, not concatenated: the first Dense takes each by its rows.
         return self._forward([h, z] if self.input_layout == "h_z" else [z, h], use_ema)
@@ -596,73 +461,18 @@ class CriticNetwork(KerasTraining, keras.Model):
         `values` must hold one row per member (`[K, ...]`, K = `ensemble_size`): another leading size
         raises a `ValueError`.
         """
-        if self.ensemble_size == 1:
-            return values
-        values = real_tensor("values", values, "float32")
-        shape = _shape(values.shape)
-        if not shape or shape[0] not in (None, self.ensemble_size):
-            raise ValueError(f"values: got shape {list(shape)}, expected [{self.ensemble_size}, ...] (one row per "
-                             f"member of this ensemble of {self.ensemble_size}).")
-        if self.aggregation == "members":
-            return values
-        if self.aggregation == "mean":
-            return ops.mean(values, axis=0)
-        if self.aggregation == "min":
-            return ops.amin(values, axis=0)
-        if seed is None:
-            keys = keras.random.uniform((self.ensemble_size,))
-        elif isinstance(seed, (tuple, list)) and len(seed) == 2:
-            keys = draws.uniform_keys(self.ensemble_size, seed[0], seed[1])
-        else:
-            keys = draws.uniform_keys(self.ensemble_size, draws.as_int32(integer("seed", seed, low=0, high=2**32 - 1)), 0)
-        drawn = keys <= ops.sort(keys)[self.aggregation_subset - 1]
-        drawn = ops.reshape(drawn, (self.ensemble_size,) + (1,) * (len(values.shape) - 1))
-        return ops.amin(ops.where(drawn, values, float("inf")), axis=0)
-
-    def _member_shape(self, var) -> Tuple[int, ...]:
-        shape = tuple(var.shape)[1:]
-        # A stacked bias is [K, 1, out] (EinsumDense keeps the batch axis): one member's is [out].
-        return shape[1:] if var.path.endswith("/bias") and len(shape) == 2 and shape[0] == 1 else shape
-
-    def _member_value(self, var, member: int) -> np.ndarray:
-        """Member `member`'s part of the stacked `var`, shaped as a single critic's variable."""
-        return np.reshape(np.asarray(ops.convert_to_numpy(var.value))[member], self._member_shape(var))
-
-    def _assign_member(self, var, member: int, value) -> None:
-        """Writes a single critic's `value` into member `member` of the stacked `var`."""
-        stacked = np.array(ops.convert_to_numpy(var.value))
-        stacked[member] = np.reshape(value, stacked.shape[1:])
-        var.assign(stacked)
+        return members.aggregate(self, values, seed)
 
     def get_member_weights(self, member: int) -> List[np.ndarray]:
         """Member `member`'s weights (fast, then EMA), shaped as a single critic's `get_weights()`."""
-        self._check_member(member)
-        return [self._member_value(v, member) for v in self.weights]
+        return members.get_weights(self, member)
 
     def set_member_weights(self, member: int, weights: Sequence) -> None:
         """Sets member `member` from a single critic's `get_weights()` list; the other members are unchanged.
 
         All or nothing: the count, every shape and finiteness are checked first.
         """
-        from multicritic import integrity
-
-        self._check_member(member)
-        if weights is None or isinstance(weights, (str, bytes, dict, np.ndarray)) or not hasattr(weights, "__iter__"):
-            raise ValueError(f"weights: got a {type(weights).__name__}, expected a list of arrays (a single critic's "
-                             "get_weights()).")
-        weights = list(weights)
-        if len(weights) != len(self.weights):
-            raise ValueError(f"weights: got {len(weights)} arrays, expected {len(self.weights)} (a single critic's).")
-        expected = {f"weights[{i}] ({v.path})": (self._member_shape(v), "float32") for i, v in enumerate(self.weights)}
-        checked = integrity.check_arrays("weights", dict(zip(expected, weights)), expected)
-        for var, w in zip(self.weights, checked.values()):
-            self._assign_member(var, member, w)
-
-    def _check_member(self, member):
-        if self.ensemble_size == 1:
-            raise ValueError("member: this critic is not an ensemble (ensemble_size=1); use get_weights / set_weights.")
-        if isinstance(member, bool) or not isinstance(member, (int, np.integer)) or not 0 <= member < self.ensemble_size:
-            raise ValueError(f"member: got {member!r}, expected an integer in [0, {self.ensemble_size}).")
+        members.set_weights(self, member, weights)
 
     def loss_options(self) -> Dict[str, object]:
         """The `critic_loss` arguments that describe this critic's head and support."""
@@ -686,82 +496,22 @@ class CriticNetwork(KerasTraining, keras.Model):
         return self.mlp_ema.weights + self.return_layer_ema.weights
 
     def compute_ema(self, fast_values: Sequence, ema_values: Sequence, decay: Optional[float] = None) -> List:
-        """Pure EMA step: returns `[d * e + (1 - d) * f for f, e in pairs]`.
-
-        Takes and returns plain tensors, so it can run inside `jax.jit` on
-        the values of a stateless step (`fast_values` in the order of
-        `trainable_variables`, `ema_values` in that of
-        `non_trainable_variables`). Not differentiable by design: call it
-        outside the loss.
-        """
-        d = self.ema_decay if decay is None else decay
-        return [d * e + (1.0 - d) * f for f, e in zip(fast_values, ema_values)]
+        """Pure EMA step on tensors (see `multicritic.ema.compute`); `decay` defaults to `ema_decay`."""
+        return ema_lib.compute(fast_values, ema_values, self.ema_decay if decay is None else decay)
 
     def ema_pairs(self, what: str = "ema") -> List[Tuple]:
-        """`(fast, ema)` variable pairs, checked to match one to one by path, shape and dtype.
-
-        A fast layer changed alone (`enable_lora`, `quantize` on `mlp` but
-        not on `mlp_ema`) raises a `ValueError` naming the first mismatch,
-        rather than pairing the wrong variables.
-        """
-
-        fast, ema = self.fast_weights, self.ema_weights
-        fast_keys = _relative_keys(fast, ("mlp", "mlp"), ("return_layer", "head"))
-        ema_keys = _relative_keys(ema, ("mlp_ema", "mlp"), ("return_layer_ema", "head"))
-        for i in range(max(len(fast), len(ema))):
-            f = fast_keys[i] if i < len(fast) else "<none>"
-            e = ema_keys[i] if i < len(ema) else "<none>"
-            if f != e or tuple(fast[i].shape) != tuple(ema[i].shape) or fast[i].dtype != ema[i].dtype:
-                raise ValueError(
-                    f"{what}: the fast critic's variable {f!r} does not match the EMA copy's {e!r}; change the EMA "
-                    "copy's layers as the fast ones (e.g. enable_lora or quantize on mlp_ema as on mlp)."
-                )
-        return list(zip(fast, ema))
+        """`(fast, ema)` variable pairs, checked to match one to one (see `multicritic.ema.pairs`)."""
+        return ema_lib.pairs(self, what)
 
     def init_ema(self) -> None:
         """Copies every fast variable (LayerNorm scale and centre included) into the EMA copy."""
-        if not self.built:
-            raise ValueError("init_ema: the critic has no variables yet; call it once or build it first.")
-        for fast, ema in self.ema_pairs("init_ema"):
-            # A copy: the two must never share storage (JAX donates buffers).
-            ema.assign(ops.copy(fast.value))
+        ema_lib.init(self)
 
     def update_ema(self, decay: Optional[float] = None, *, tau: Optional[float] = None, step=None,
                    period: int = 1) -> None:
-        """`ema <- d * ema + (1 - d) * fast` for every variable, through `Variable.assign`.
-
-        Args:
-            decay: `d` (default `ema_decay`; RLlib's convention).
-            tau: `1 - d` instead (sheeprl's `tau`, NM512's
-                `slow_target_fraction`, the official code's `rate`,
-                TorchRL's `SoftUpdate(tau=...)`); not both.
-            step: the host's update counter (an int or a scalar tensor).
-                With it, step 0 copies the fast weights (as sheeprl and the
-                official code do on first use) and a later step updates only
-                when `step % period == 0`.
-            period: the update period that `step` is checked against.
-        """
-        if not self.built:
-            raise ValueError("update_ema: the critic has no variables yet; call it once or build it first.")
-        if decay is not None and tau is not None:
-            raise ValueError(f"tau: got {tau!r} with decay={decay!r}; give one of them (tau = 1 - decay).")
-        if tau is not None:
-            decay = 1.0 - (tau if ops.is_tensor(tau) else number("tau", tau, low=0.0, high=1.0))
-        if decay is not None and not ops.is_tensor(decay):
-            decay = number("decay", decay, low=0.0, high=1.0)
-        if step is not None:
-            period = integer("period", period)
-            decay = self.ema_decay if decay is None else decay
-            if ops.is_tensor(step):
-                decay = ops.where(step == 0, 0.0, ops.where(step % period == 0, decay, 1.0))
-            else:
-                step = integer("step", step, low=0)
-                if step % period:
-                    return
-                decay = 0.0 if step == 0 else decay
-        pairs = [(f, e) for f, e in self.ema_pairs("update_ema") if f.trainable or "float" in str(f.dtype)]
-        backend_lib.current().blend([e for _, e in pairs], [f.value for f, _ in pairs],
-                                    self.ema_decay if decay is None else decay)
+        """`ema <- d * ema + (1 - d) * fast` for every variable (see `multicritic.ema.update` for the
+        arguments: `decay` or `tau`, and the host's `step` and `period`)."""
+        ema_lib.update(self, decay, tau=tau, step=step, period=period)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
         """Keras's `save_weights` (`.weights.h5`), plus this critic's config and a SHA-256 seal.
@@ -770,10 +520,8 @@ class CriticNetwork(KerasTraining, keras.Model):
         `.weights.h5`. `load_weights` refuses it when it was corrupted,
         or into a critic of another configuration.
         """
-        path = os.fspath(filepath)
-        if not overwrite and os.path.exists(path):
-            raise ValueError(f"filepath: {path!r} exists and overwrite=False.")
-        return weights_file.save(self, path, lambda tmp: super(CriticNetwork, self).save_weights(tmp, **kwargs))
+        return weights_file.save_weights(self, filepath, overwrite,
+                                         lambda tmp: super(CriticNetwork, self).save_weights(tmp, **kwargs))
 
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
         """Keras's `load_weights`, all or nothing.
@@ -785,29 +533,9 @@ class CriticNetwork(KerasTraining, keras.Model):
         and that every value is finite. A `.weights.h5` written by plain
         Keras (no config, no seal) gets every check but those two.
         """
-        if not self.built:
-            raise ValueError("load_weights: the critic has no variables yet; call it once or give its input sizes first.")
-        if skip_mismatch:
-            raise ValueError("skip_mismatch: got True, expected False (a critic loads whole or not at all).")
-        saved = [np.array(ops.convert_to_numpy(v.value)) for v in self.weights]
-        try:
-            weights_file.load(
-                self,
-                filepath,
-                lambda tmp: super(CriticNetwork, self).save_weights(tmp),
-                lambda tmp: super(CriticNetwork, self).load_weights(tmp, **kwargs),
-            )
-        except ValueError as err:  # raised by the checks, before any assignment
-            raise ValueError(
-                f"load_weights: could not load {str(filepath)!r} into this critic; its weights are unchanged. {err}"
-            ) from err
-        except Exception as err:  # a failure inside Keras after the checks: put everything back
-            for var, value in zip(self.weights, saved):
-                var.assign(value)
-            raise ValueError(
-                f"load_weights: could not load {str(filepath)!r} into this critic; its weights are unchanged. "
-                f"Cause: {err}"
-            ) from err
+        weights_file.load_weights(self, filepath, skip_mismatch,
+                                  lambda tmp: super(CriticNetwork, self).save_weights(tmp),
+                                  lambda tmp: super(CriticNetwork, self).load_weights(tmp, **kwargs))
 
     def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, use_ema=False,
                compute_dtype="float32", **kwargs):

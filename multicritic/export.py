@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 
 import keras
 import numpy as np
 from keras import ops
 
 from multicritic import backend as backends
-from multicritic.backend.runtimes import load_exported  # noqa: F401  (the runtimes that serve an export)
+from multicritic.backend.runtimes import FORMATS, check_path, load_exported  # noqa: F401  (load_exported: the runtimes that serve an export)
 
-FORMATS = ("tf_saved_model", "onnx", "litert")
 # The (backend, format) pairs that export with a dynamic batch and reload with the format's own runtime (tested).
 SUPPORTED = backends.EXPORT_FORMATS
 # Keras's `Model.export` options per format (LiteRT's are the TFLite converter's attributes: Keras refuses others).
@@ -57,27 +55,6 @@ def float32_copy(critic):
     copy = type(critic).from_config(config)
     copy.set_weights(critic.get_weights())
     return copy
-
-
-def check_path(filepath, format, what="filepath", exists=False) -> str:
-    """`filepath` as a str, checked for `format` (a directory for `tf_saved_model`, a file otherwise): the
-    path must not be the other kind, and its folder must exist (`exists`: the path itself must)."""
-    if not isinstance(filepath, (str, os.PathLike)) or not os.fspath(filepath):
-        raise ValueError(f"{what}: got {filepath!r}, expected a path (a str or os.PathLike).")
-    path = os.fspath(filepath)
-    if isinstance(path, bytes):
-        raise ValueError(f"{what}: got {filepath!r}, expected a path (a str or os.PathLike).")
-    kind = "directory" if format == "tf_saved_model" else "file"
-    other = os.path.isfile(path) if kind == "directory" else os.path.isdir(path)
-    if other:
-        raise ValueError(f"{what}: {path!r} is a {'file' if kind == 'directory' else 'directory'}, expected a {kind} "
-                         f"path for format {format!r}.")
-    if exists and not os.path.exists(path):
-        raise ValueError(f"{what}: {path!r} does not exist, expected a {format!r} export ({kind}).")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ValueError(f"{what}: {path!r} is in {folder!r}, which is not an existing directory.")
-    return path
 
 
 def export(critic, filepath, format="tf_saved_model", verbose=None, use_ema=False, compute_dtype="float32", **kwargs):

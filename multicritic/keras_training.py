@@ -2,7 +2,7 @@
 
 `KerasTraining` is the model-side half (a mixin of `CriticNetwork` and
 `MultiCritic`): it unpacks Keras's batches and records metrics. The step's
-math is `CriticTrainer`'s (the same loss, clipping, optimizer and EMA code),
+math is `multicritic.training.step`'s, as `CriticTrainer`'s (the same loss, clipping, optimizer and EMA code),
 and how gradients are taken is the backend contract's
 (`Backend.keras_train_step`, the per-backend `train_step` of Keras's own
 trainers). Keras compiles the step (`tf.function`, `jax.jit`, eager PyTorch or
@@ -20,6 +20,7 @@ import numpy as np
 from keras import ops
 
 from multicritic import backend
+from multicritic.training.step import CriticStep, is_multi_critic
 from multicritic.validation import fmt, integer, real_values
 
 # Options of `compile` that configure the trainer (the rest are Keras's).
@@ -57,15 +58,13 @@ class _FitState:
 
 
 def _metric_names(critic, regularize: bool) -> List[str]:
-    from multicritic.multi_critic import MultiCritic
-
     def per_critic(member):
         names = ["value_nll", "ema_regularizer", "clipped_fraction"]
         names += ["ema_value_gap"] if regularize else []
         names += ["member_spread"] if member.ensemble_size > 1 else []
         return names
 
-    if isinstance(critic, MultiCritic):
+    if is_multi_critic(critic):
         streams = [f"{s}/{k}" for s, m in critic.streams.items() for k in ["total"] + per_critic(m)]
         return ["total"] + streams
     return ["total"] + per_critic(critic)
@@ -121,8 +120,6 @@ class KerasTraining:
         out-of-range argument raises a `ValueError` naming it, and the critic
         stays compiled as it was (or not compiled).
         """
-        from multicritic.training.trainer import CriticTrainer  # the trainer imports the critic
-
         for name in _UNSUPPORTED:
             if kwargs.get(name) is not None:
                 raise ValueError(
@@ -166,7 +163,7 @@ class KerasTraining:
         ):
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         # Checks the trainer options (and refuses an optimizer clipping on top of `grad_clip`) before any change.
-        trainer = CriticTrainer(self, optimizer, step_counter=optimizer.iterations, check_finite=False,
+        trainer = CriticStep(self, optimizer, step_counter=optimizer.iterations, check_finite=False,
                                 jit_compile=False if run_eagerly else jit_compile, **options)
         regularize = trainer.ema_regularizer_weight > 0.0
         trackers = {"total": keras.metrics.Mean(name="total")}
@@ -191,7 +188,7 @@ class KerasTraining:
 
     @property
     def fit_trainer(self):
-        """The `CriticTrainer` whose math `fit` runs (set by `compile`)."""
+        """The `CriticStep` (options, state and math) that `fit` runs (set by `compile`)."""
         fit = getattr(self, "_fit", None)
         if fit is None:
             raise ValueError("fit_trainer: the critic is not compiled; call critic.compile() first.")
@@ -270,7 +267,7 @@ class KerasTraining:
         lead = tuple(h.shape[:lead_rank])
         if 0 in lead:
             raise ValueError(f"h: got shape {fmt(tuple(h.shape))}, an empty batch; expected at least one row.")
-        self._check_inputs((None,) + tuple(h.shape[lead_rank:]), (None,) + tuple(z.shape[lead_rank:]))
+        self.check_inputs((None,) + tuple(h.shape[lead_rank:]), (None,) + tuple(z.shape[lead_rank:]))
         return h, z, lead
 
     def _per_position(self, name, x, lead, per_stream=False):
@@ -499,16 +496,16 @@ class KerasTraining:
             trainer = fit.trainer
             if kind == "dream":
                 def loss(h, z, rewards, continues):
-                    return trainer._dream_loss(h, z, rewards, continues)
+                    return trainer.dream_loss(h, z, rewards, continues)
             else:
                 def loss(h, z, targets, weights):
-                    return trainer._loss_parts(h, z, targets, weights)
+                    return trainer.loss_parts(h, z, targets, weights)
             names = list(fit.trackers)
 
             def apply(grads, metrics):
-                return self._record(trainer._apply(grads, metrics), names)
+                return self._record(trainer.apply(grads, metrics), names)
 
-            program = fit.programs[kind] = dataclasses.replace(trainer._program(loss), apply=apply)
+            program = fit.programs[kind] = dataclasses.replace(trainer.program(loss), apply=apply)
         return program
 
     def _require_compiled(self, what="fit"):
@@ -531,9 +528,9 @@ class KerasTraining:
 
         def evaluate(*batch):
             if kind == "dream":
-                _, metrics = trainer._dream_loss(*batch)
+                _, metrics = trainer.dream_loss(*batch)
             else:
-                _, metrics = trainer._loss_parts(*batch)
+                _, metrics = trainer.loss_parts(*batch)
             return self._record(metrics, names)
 
         return backend.current().keras_test_step(self, evaluate, state, batch)

@@ -7,10 +7,10 @@ from typing import Dict, List, Mapping, Optional
 
 import keras
 
-from multicritic.critic import TRAINING_OPTIONS, CriticNetwork, _pair
+from multicritic.critic import TRAINING_OPTIONS, CriticNetwork
 from multicritic.keras_training import KerasTraining
 from multicritic.normalizer import IMPLS, ReturnNormalizer
-from multicritic.validation import number
+from multicritic.validation import h_z_pair, number
 
 # What a critic given as a dict may hold: `CriticNetwork`'s options, what its `get_config()` writes, and the
 # training options older configs hold.
@@ -142,11 +142,11 @@ class MultiCritic(KerasTraining, keras.Model):
     def num_z_classes(self):
         return self._first.num_z_classes
 
-    def _check_inputs(self, h_shape, z_shape):
-        self._first._check_inputs(h_shape, z_shape)
+    def check_inputs(self, h_shape, z_shape):
+        self._first.check_inputs(h_shape, z_shape)
 
     def call(self, h, z=None, use_ema=False):
-        h, z = _pair(h, z)
+        h, z = h_z_pair(h, z)
         return {s: self.critics[s](h, z, use_ema=use_ema) for s in self.stream_names}
 
     @property

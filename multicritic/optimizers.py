@@ -187,7 +187,7 @@ class LaProp(keras.optimizers.Optimizer):
         if self.built:
             return
         super().build(var_list)
-        self._velocities, self._momentums = self.add_optimizer_variables(var_list, ["velocity", "momentum"])
+        self.velocity_slots, self.momentum_slots = self.add_optimizer_variables(var_list, ["velocity", "momentum"])
 
     def update_step(self, gradient, variable, learning_rate):
         """One update of `variable` (and its slots) from `gradient`."""
@@ -210,8 +210,8 @@ class LaProp(keras.optimizers.Optimizer):
         t = ops.cast(self.iterations + 1, dtype)
         grads = [ops.cast(g, dtype) for g in grads]
         slots = [self._get_variable_index(v) for v in variables]
-        nus = [self._velocities[i] for i in slots]
-        mus = [self._momentums[i] for i in slots]
+        nus = [self.velocity_slots[i] for i in slots]
+        mus = [self.momentum_slots[i] for i in slots]
         if self.agc is not None:
             upper = self.agc * ops.maximum(self.agc_min_norm, lists.norms(variables))
             grads = lists.multiply(grads, 1.0 / ops.maximum(1.0, lists.norms(grads) / upper))

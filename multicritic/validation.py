@@ -111,3 +111,25 @@ def real_tensor(name: str, x, dtype: str):
     if isinstance(x, keras.KerasTensor) or "float" in keras.backend.standardize_dtype(x.dtype):
         return x
     return ops.cast(x, dtype)
+
+
+def h_z_pair(h, z):
+    """`(h, z)` from two arguments or one `(h, z)` pair (Keras's `predict` passes `x` as one argument)."""
+    if z is None and isinstance(h, (tuple, list)) and len(h) == 2:
+        return h[0], h[1]
+    if z is None:
+        raise ValueError("z: missing; call the critic as critic(h, z) or critic((h, z)).")
+    return h, z
+
+
+def _dim(d):
+    """A static size as an int; None for an unknown or symbolic one (jax2tf's polymorphic batch)."""
+    try:
+        return None if d is None else int(d)
+    except Exception:
+        return None
+
+
+def static_shape(x) -> Tuple:
+    """A shape as a tuple of ints, None where a size is unknown or symbolic."""
+    return tuple(_dim(d) for d in x)

@@ -19,8 +19,10 @@ from typing import Dict
 
 import h5py
 import numpy as np
+from keras import ops
 
 from multicritic import integrity
+from multicritic.critic_options import upgrade_config
 
 CONFIG_ATTR = "multicritic_config"
 IGNORED_CONFIG_KEYS = ("name", "dtype", "trainable", "kernel_initializer")  # (the last: how new weights start)
@@ -86,7 +88,6 @@ def load(critic, path, save_fn, load_fn) -> None:
     if config is not None:
         if not isinstance(config, dict):
             raise ValueError(f"{where}: its saved config is a {type(config).__name__}, expected a JSON object.")
-        from multicritic.critic import upgrade_config  # the critic module imports this one
 
         diff = integrity.config_differences(upgrade_config(config)[0], json.loads(json.dumps(critic.get_config(), default=str)),
                                             IGNORED_CONFIG_KEYS)
@@ -116,3 +117,34 @@ def load(critic, path, save_fn, load_fn) -> None:
                 if own_has:
                     mine.copy(mine[OPTIMIZER_GROUP], f, OPTIMIZER_GROUP)
         load_fn(checked)
+
+
+def save_weights(critic, filepath, overwrite, save_fn) -> str:
+    """`CriticNetwork.save_weights`: `save` to `filepath`, refused when it exists and `overwrite` is False."""
+    path = os.fspath(filepath)
+    if not overwrite and os.path.exists(path):
+        raise ValueError(f"filepath: {path!r} exists and overwrite=False.")
+    return save(critic, path, save_fn)
+
+
+def load_weights(critic, filepath, skip_mismatch, save_fn, load_fn) -> None:
+    """`CriticNetwork.load_weights`: `load`, all or nothing (the weights are put back after a failure inside
+    Keras), every error a `ValueError` saying the weights are unchanged."""
+    if not critic.built:
+        raise ValueError("load_weights: the critic has no variables yet; call it once or give its input sizes first.")
+    if skip_mismatch:
+        raise ValueError("skip_mismatch: got True, expected False (a critic loads whole or not at all).")
+    saved = [np.array(ops.convert_to_numpy(v.value)) for v in critic.weights]
+    try:
+        load(critic, filepath, save_fn, load_fn)
+    except ValueError as err:  # raised by the checks, before any assignment
+        raise ValueError(
+            f"load_weights: could not load {str(filepath)!r} into this critic; its weights are unchanged. {err}"
+        ) from err
+    except Exception as err:  # a failure inside Keras after the checks: put everything back
+        for var, value in zip(critic.weights, saved):
+            var.assign(value)
+        raise ValueError(
+            f"load_weights: could not load {str(filepath)!r} into this critic; its weights are unchanged. "
+            f"Cause: {err}"
+        ) from err

@@ -96,6 +96,8 @@ def test_export_in_the_critics_own_mixed_policy(tmp_path):
         hp.assert_within(to_np(critic(h, z)[1]), want, bound, f"keras logits at batch {n}")
         decoded, decode_bound = hp.decode_bound(critic, logits)
         hp.assert_within(value, decoded, decode_bound, f"{fmt} value at batch {n}")
+        # symexp of the float32 value, in float32 (a float32 path: a few float32 roundings of expm1, far within
+        # 1e-5 relative; no half-precision work is involved).
         np.testing.assert_allclose(value_real, np.sign(value) * np.expm1(np.abs(value.astype(np.float64))),
                                    rtol=1e-5, atol=1e-7)
         assert np.abs(logits - want).max() > 1e3 * hp.UNIT_ROUNDOFF["float32"] * np.abs(want).max()

@@ -29,7 +29,12 @@ def imports(module: str):
     """`(imported module, line)` for every import of one of our modules in `module`, at any depth."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    if path.name == "__init__.py":
+        # A package's PEP 562 `__getattr__` imports on first access to a name, once every module has loaded:
+        # a lazy re-export, not an import of the package's.
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "__getattr__")]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "multicritic":
@@ -44,8 +49,23 @@ def imports(module: str):
                 yield resolve(f"{base}.{alias.name}"), node.lineno
 
 
+def packages_run(module: str):
+    """The packages whose `__init__` importing `module` runs first (the root's excepted: it is where every
+    import of the package starts)."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]
+
+
 def graph():
-    return {m: {target for target, _ in imports(m) if target != m} for m in MODULES}
+    """`{module: modules it imports}`, an import of `a.b.c` counting as one of the package `a.b` too."""
+    edges = {}
+    for m in MODULES:
+        targets = set()
+        for target, _ in imports(m):
+            targets.add(target)
+            targets.update(p for p in packages_run(target) if p in MODULES and not m.startswith(p + "."))
+        edges[m] = targets - {m}
+    return edges
 
 
 def find_cycle(edges):
@@ -77,6 +97,11 @@ def find_cycle(edges):
 def test_the_import_graph_has_no_cycle():
     cycle = find_cycle(graph())
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_an_import_runs_the_packages_above_it():
+    assert packages_run("multicritic.training.step") == ["multicritic.training"]
+    assert "multicritic.training" in graph()["multicritic.keras_training"]
 
 
 def test_the_cycle_finder_finds_cycles():
@@ -117,3 +142,35 @@ def test_no_private_name_of_one_module_is_used_by_another():
                 if name in others and name not in own:
                     violations.append(f"{module}:{node.lineno} uses {name} of {others[name]}")
     assert not violations, "\n".join(violations)
+
+
+MAX_CLASS_CODE_LINES = 350
+
+
+def code_lines(node: ast.ClassDef, lines) -> int:
+    """A class's lines of code: docstrings, comments and blank lines not counted."""
+    docs = set()
+    for inner in ast.walk(node):
+        body = getattr(inner, "body", None)
+        if isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docs.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for n in range(node.lineno, node.end_lineno + 1)
+               if n not in docs and lines[n - 1].strip() and not lines[n - 1].strip().startswith("#"))
+
+
+def test_no_class_does_too_many_jobs():
+    big = []
+    for module, path in MODULES.items():
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and code_lines(node, text.split("\n")) > MAX_CLASS_CODE_LINES:
+                big.append(f"{module}.{node.name}: {code_lines(node, text.split(chr(10)))} lines of code")
+    assert not big, "\n".join(big)
+
+
+def test_code_lines_skip_docstrings_comments_and_blanks():
+    text = 'class A:\n    """Doc.\n\n    More."""\n\n    # why\n    def f(self):\n        """F."""\n        return 1\n'
+    node = ast.parse(text).body[0]
+    assert code_lines(node, text.split("\n")) == 3

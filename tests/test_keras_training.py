@@ -97,7 +97,7 @@ def test_evaluate_and_predict():
     a.compile()
     logs = a.evaluate((h, z), targets, sample_weight=weights, batch_size=32, verbose=0, return_dict=True)
     trainer = CriticTrainer(critic())
-    _, want = trainer._loss_parts(*[keras.ops.convert_to_tensor(x) for x in (h, z, targets, weights)])
+    _, want = trainer.loss_parts(*[keras.ops.convert_to_tensor(x) for x in (h, z, targets, weights)])
     for key in ("total", "value_nll", "ema_regularizer", "clipped_fraction"):
         np.testing.assert_allclose(logs[key], to_np(want[key]), rtol=1e-5, err_msg=key)
     assert "grad_norm" not in logs

@@ -81,9 +81,9 @@ def test_replay_loss_adds_its_weighted_share():
     randomize(critic, seed=2)
     data = dream_and_replay(critic)
     with_replay = CriticTrainer(critic, replay_loss_weight=0.5)
-    metrics = {k: float(v) for k, v in to_np(with_replay._dream_and_replay_loss(
+    metrics = {k: float(v) for k, v in to_np(with_replay.dream_and_replay_loss(
         *[keras.ops.convert_to_tensor(x) for x in data])[1]).items()}
-    _, dream = with_replay._dream_loss(*[keras.ops.convert_to_tensor(x) for x in data[:4]])
+    _, dream = with_replay.dream_loss(*[keras.ops.convert_to_tensor(x) for x in data[:4]])
     np.testing.assert_allclose(metrics["total"], float(to_np(dream["total"])) + 0.5 * metrics["repval/total"], rtol=1e-6)
     assert metrics["repval/value_nll"] > 0
 

@@ -7,8 +7,33 @@ imported when used (`pip install ".[export]"`), whatever backend Keras runs.
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
+
+# The export formats, each served by its own runtime.
+FORMATS = ("tf_saved_model", "onnx", "litert")
+
+
+def check_path(filepath, format, what="filepath", exists=False) -> str:
+    """`filepath` as a str, checked for `format` (a directory for `tf_saved_model`, a file otherwise): the
+    path must not be the other kind, and its folder must exist (`exists`: the path itself must)."""
+    if not isinstance(filepath, (str, os.PathLike)) or not os.fspath(filepath):
+        raise ValueError(f"{what}: got {filepath!r}, expected a path (a str or os.PathLike).")
+    path = os.fspath(filepath)
+    if isinstance(path, bytes):
+        raise ValueError(f"{what}: got {filepath!r}, expected a path (a str or os.PathLike).")
+    kind = "directory" if format == "tf_saved_model" else "file"
+    other = os.path.isfile(path) if kind == "directory" else os.path.isdir(path)
+    if other:
+        raise ValueError(f"{what}: {path!r} is a {'file' if kind == 'directory' else 'directory'}, expected a {kind} "
+                         f"path for format {format!r}.")
+    if exists and not os.path.exists(path):
+        raise ValueError(f"{what}: {path!r} does not exist, expected a {format!r} export ({kind}).")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{what}: {path!r} is in {folder!r}, which is not an existing directory.")
+    return path
 
 
 def load_exported(filepath, format):
@@ -18,7 +43,6 @@ def load_exported(filepath, format):
 
     A `ValueError` names `format` (not one of the three), `filepath` (missing, the wrong kind of path, or
     not an export its runtime can load) or the runtime that is not installed."""
-    from multicritic.export import FORMATS, check_path  # (the export module imports this one)
     from multicritic.validation import real_values
 
     if not isinstance(format, str) or format not in FORMATS:

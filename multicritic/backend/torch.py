@@ -87,6 +87,19 @@ def _alias(tensor, transpose: bool, requires_grad: bool):
     return torch.nn.Parameter(tensor.detach().t() if transpose else tensor.detach(), requires_grad=requires_grad)
 
 
+def _host_contiguous(var) -> None:
+    """Lays a Keras kernel's storage out as its transpose (a host's torch `Linear.weight` `[out, in]`, contiguous),
+    the kernel becoming a transposed view of it. The host parameter, its gradient (autograd gives a gradient
+    the parameter's strides) and an optimizer's state over it (made by `zeros_like`, or loaded from a host
+    checkpoint, which is contiguous) then share one layout: torch's fused optimizers (sheeprl's
+    `Adam(fused=True)`) assume they do, and on a transposed parameter with a contiguous loaded state they
+    update the wrong elements (silently: measured on torch 2.13's CPU kernel)."""
+    value = var.value
+    if value.dim() == 2 and not value.t().is_contiguous():
+        with torch.no_grad():
+            value.data = value.data.t().contiguous().t()
+
+
 def _register(module, name: str, param) -> None:
     """`param` registered under a dotted `name` (`_model.0.weight`), with plain modules for the prefixes, so that
     `state_dict()` keys are `name`."""
@@ -100,7 +113,101 @@ def _register(module, name: str, param) -> None:
     module.register_parameter(leaf, param)
 
 
-class CriticModule(torch.nn.Module):
+def _register_buffer(module, name: str, tensor):
+    """`tensor` registered as a buffer under a dotted `name`, as `_register` does parameters; returns its holder."""
+    *path, leaf = name.split(".")
+    for part in path:
+        child = module._modules.get(part)
+        if child is None:
+            child = torch.nn.Module()
+            module.add_module(part, child)
+        module = child
+    module.register_buffer(leaf, tensor)
+    return module
+
+
+# Wrappers whose attribute name prefixes every key of a wrapped module's state dict: torch.compile,
+# DistributedDataParallel, Lightning Fabric (as `multicritic.interop` accepts them).
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
+
+
+def _unwrap_state_dict(state_dict, own):
+    """`state_dict` without the key prefixes of torch.compile / DDP / Fabric wrappers (taken off while every key
+    has one and none is one of `own`'s keys: a layout's own names may start like a wrapper's, as TorchRL's)."""
+    while state_dict and not any(k in own for k in state_dict):
+        prefix = next((p for p in _WRAPPER_PREFIXES
+                       if all(isinstance(k, str) and k.startswith(p) for k in state_dict)), None)
+        if prefix is None:
+            break
+        state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+    return state_dict
+
+
+def _check_state_dict(module, state_dict, strict: bool, prefix: str = "") -> None:
+    """A `ValueError` naming `state_dict` unless loading it into `module` (whose keys carry `prefix`) changes every
+    parameter it names or none: keys (when `strict`), then every tensor's type, shape, dtype and finiteness as
+    the parameter's dtype (a float64 1e39 is inf in float32)."""
+    own = {prefix + k: v for k, v in module.state_dict(keep_vars=True).items()}
+    if strict:
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if isinstance(k, str) and k.startswith(prefix) and k not in own]
+        if missing or unexpected:
+            parts = [f"missing {missing[:5]}"] if missing else []
+            parts += [f"unexpected {unexpected[:5]}"] if unexpected else []
+            raise ValueError(f"state_dict: holds {len(state_dict)} tensors, expected {len(own)}: "
+                             f"{'; '.join(parts)}.")
+    for name, value in state_dict.items():
+        if name not in own:
+            continue
+        want = tuple(own[name].shape)
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"state_dict[{name!r}]: got a {type(value).__name__}, expected a torch.Tensor of shape "
+                             f"{list(want)}.")
+        if tuple(value.shape) != want:
+            raise ValueError(f"state_dict[{name!r}]: got shape {list(value.shape)}, expected {list(want)}.")
+        if not value.is_floating_point():
+            raise ValueError(f"state_dict[{name!r}]: got dtype {value.dtype}, expected a floating-point dtype.")
+        as_param = value.detach().to(own[name].dtype)
+        if not bool(torch.isfinite(as_param).all()):
+            raise ValueError(f"state_dict[{name!r}]: got {int((~torch.isfinite(as_param)).sum())} non-finite "
+                             f"value(s) (as {own[name].dtype}), expected finite values.")
+    for holder, leaf, name in getattr(module, "constants", ()):  # host buffers fixed by the configuration
+        value, want = state_dict.get(prefix + name), holder._buffers[leaf]
+        if value is not None and not torch.allclose(value.detach().to(want.device, torch.float64),
+                                                    want.to(torch.float64), rtol=1e-6, atol=0.0):
+            raise ValueError(f"state_dict[{prefix + name!r}]: got values that differ from this critic's (a buffer "
+                             "fixed by its configuration: its bins, bounds and scheme).")
+
+
+class _AllOrNothingLoad:
+    """`load_state_dict` for the views, all or nothing: every key, shape, dtype and value is checked before the
+    first parameter changes (torch's own copies the tensors that fit, then reports the others), also when the
+    view is loaded inside a wrapper (torch.compile, DDP). Values must be tensors of a floating-point dtype,
+    finite as the parameters' dtype; keys with a torch.compile / DDP / Fabric wrapper's prefix load too;
+    `assign=True` is refused (the parameters are the critic's own tensors: new ones would not be the
+    critic's)."""
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        from collections.abc import Mapping
+
+        if assign:
+            raise ValueError("assign: got True, expected False (the view's parameters are the critic's own tensors; "
+                             "assigned ones would not reach the critic).")
+        if not isinstance(state_dict, Mapping):
+            raise ValueError(f"state_dict: got a {type(state_dict).__name__}, expected a mapping of names to tensors.")
+        state_dict = _unwrap_state_dict(state_dict, self.state_dict(keep_vars=True))
+        _check_state_dict(self, state_dict, bool(strict))
+        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=False)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        if prefix:  # inside a wrapper's load: this view's tensors checked before any of them is copied
+            _check_state_dict(self, state_dict, False, prefix)
+        return torch.nn.Module._load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                                                     unexpected_keys, error_msgs)
+
+
+class CriticModule(_AllOrNothingLoad, torch.nn.Module):
     """One half of a critic (fast or EMA) as a `torch.nn.Module` holding the critic's own parameters.
 
     The parameters are the Keras variables' tensors themselves (no copy):
@@ -114,7 +221,10 @@ class CriticModule(torch.nn.Module):
     storage, transposed), so the module's `state_dict()` and an optimizer's
     state over its parameters are those of the host's own critic: a host
     checkpoint written with it loads into the host's critic, and one written
-    by the host's critic loads into it.
+    by the host's critic loads into it. An entry `(name, array, "constant")`
+    is a host buffer fixed by the critic's configuration (TorchRL's bins):
+    registered as a buffer (in `state_dict()`), loaded only when its values
+    are the array's to 1e-6 (relative), else a `ValueError`.
     """
 
     def __init__(self, critic, use_ema: bool, outputs: str, layout=None):
@@ -130,50 +240,26 @@ class CriticModule(torch.nn.Module):
         if layout is None:
             layout = [(name, var, False) for name, var in zip(critic.view_names(), variables)]
         layout = [tuple(entry) for entry in layout]
+        constants = [entry for entry in layout if len(entry) == 3 and isinstance(entry[2], str)]
+        if any(entry[2] != "constant" for entry in constants):
+            raise ValueError("layout: got an entry whose third element is a string other than 'constant'.")
+        layout = [entry for entry in layout if not (len(entry) == 3 and isinstance(entry[2], str))]
         if sorted(id(v) for _, v, _ in layout) != sorted(id(v) for v in variables):
             raise ValueError("layout: got entries that are not the critic's "
                              f"{'EMA' if use_ema else 'fast'} variables, each once.")
         self.__dict__["variables"] = [var for _, var, _ in layout]
         self.__dict__["transposed"] = [bool(t) for _, _, t in layout]
         for name, var, transpose in layout:
+            if transpose:
+                _host_contiguous(var)
             _register(self, name, var.value if not transpose else _alias(var.value, True, var.trainable))
         self.__dict__["params"] = list(self.parameters())
         self.__dict__["aliased"] = any(self.transposed)
-
-    def load_state_dict(self, state_dict, strict=True, assign=False):
-        """`torch.nn.Module.load_state_dict`, all or nothing: every key, shape, dtype and value is checked before
-        the first parameter changes (torch's own copies the tensors that fit, then reports the others). Values
-        must be finite floating-point tensors; `assign=True` is refused (the parameters are the critic's own
-        tensors: new ones would not be the critic's)."""
-        from collections.abc import Mapping
-
-        if assign:
-            raise ValueError("assign: got True, expected False (the view's parameters are the critic's own tensors; "
-                             "assigned ones would not reach the critic).")
-        if not isinstance(state_dict, Mapping):
-            raise ValueError(f"state_dict: got a {type(state_dict).__name__}, expected a mapping of names to tensors.")
-        own = self.state_dict(keep_vars=True)
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
-        if strict and (missing or unexpected):
-            parts = [f"missing {missing[:5]}"] if missing else []
-            parts += [f"unexpected {unexpected[:5]}"] if unexpected else []
-            raise ValueError(f"state_dict: holds {len(state_dict)} tensors, expected {len(own)}: {'; '.join(parts)}.")
-        for name, value in state_dict.items():
-            if name not in own:
-                continue
-            want = tuple(own[name].shape)
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(f"state_dict[{name!r}]: got a {type(value).__name__}, expected a torch.Tensor of "
-                                 f"shape {list(want)}.")
-            if tuple(value.shape) != want:
-                raise ValueError(f"state_dict[{name!r}]: got shape {list(value.shape)}, expected {list(want)}.")
-            if not value.is_floating_point():
-                raise ValueError(f"state_dict[{name!r}]: got dtype {value.dtype}, expected a floating-point dtype.")
-            if not bool(torch.isfinite(value).all()):
-                raise ValueError(f"state_dict[{name!r}]: got {int((~torch.isfinite(value)).sum())} non-finite "
-                                 "value(s), expected finite values.")
-        return super().load_state_dict(state_dict, strict=strict, assign=False)
+        self.__dict__["constants"] = []  # (holder module, leaf name, full name) of each host buffer
+        device = variables[0].value.device if variables else None
+        for name, array, _ in constants:
+            holder = _register_buffer(self, name, torch.as_tensor(array, dtype=torch.float32, device=device).clone())
+            self.constants.append((holder, name.rsplit(".", 1)[-1], name))
 
     def _values(self):
         """The variables' values as the forward pass reads them: the transposed parameters' views back in
@@ -189,6 +275,8 @@ class CriticModule(torch.nn.Module):
             var.value.data = fn(var.value.data)
             if transpose:
                 param.data = var.value.data.t()
+        for holder, leaf, _ in self.constants:
+            holder._buffers[leaf] = fn(holder._buffers[leaf])
         return self
 
     def forward(self, latent, z=None):
@@ -209,7 +297,7 @@ class CriticModule(torch.nn.Module):
         return {"logits": logits, "value": value, "both": (value, logits)}[self.outputs]
 
 
-class CriticPairModule(torch.nn.Module):
+class CriticPairModule(_AllOrNothingLoad, torch.nn.Module):
     """Both halves of a critic as one `torch.nn.Module`: `fast` and `ema` views, parameters fast first.
 
     `forward(h, z=None, return_logits=False, use_ema=False)` and
@@ -399,6 +487,11 @@ class TorchBackend(Backend):
             [slot[optimizer._get_variable_index(v)].value for v in variables]
             for slot in (optimizer._momentums, optimizer._velocities)
         ]
+        # The fused kernel walks every tensor in the parameter's memory order: it needs one layout for all
+        # (a kernel laid out for a host's view, `_host_contiguous`, has a transposed one; its slots do not).
+        if any(m.stride() != p.stride() or v.stride() != p.stride() or g.stride() != p.stride()
+               for p, g, m, v in zip(params, grads, *slots)):
+            return optimizer.apply(grads, variables)
         dtype = params[0].dtype
         step = (optimizer.iterations.value + 1).to(dtype)
         beta_1, beta_2 = (torch.tensor(b, dtype=dtype, device=step.device)

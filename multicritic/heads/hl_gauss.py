@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic.bins import _constant, check_bin_args, symlog
+from multicritic.bins import check_bin_args, constant, symlog
 from multicritic.heads.base import ValueHead, cross_entropy
 from multicritic.validation import number
 
@@ -83,7 +83,7 @@ def hl_gauss(values_symlog, num_buckets: int = 255, lower_bound: float = -20.0, 
     edges, width = _edges(int(num_buckets), float(lower_bound), float(upper_bound))
     values = ops.clip(ops.cast(values_symlog, "float32"), lower_bound, upper_bound)
     scale = 1.0 / (sigma * width * math.sqrt(2.0))
-    cdf = ops.erf((_constant(edges) - values[..., None]) * scale)
+    cdf = ops.erf((constant(edges) - values[..., None]) * scale)
     mass = cdf[..., 1:] - cdf[..., :-1]
     return mass / (cdf[..., -1:] - cdf[..., :1])
 

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import integrity
+from multicritic import integrity, members
 
 # The two architectures the codebases share (with their `input_layout`): the 2023 paper's (RLlib, sheeprl,
 # NM512) and the official 2024 code's (TorchRL follows it).
@@ -93,7 +93,7 @@ def check_member(critic, member) -> None:
             f"member: got None for an ensemble of {critic.ensemble_size}; expected the member index to load into "
             "or export (an upstream critic is one member)."
         )
-    critic._check_member(member)
+    members.check_member(critic, member)
 
 
 def entries(critic, key: Callable[[str, int], str], transpose: bool) -> List[Entry]:
@@ -119,7 +119,7 @@ def entries(critic, key: Callable[[str, int], str], transpose: bool) -> List[Ent
 
 
 def _shape(critic, var, member, transpose):
-    shape = critic._member_shape(var) if member is not None else tuple(var.shape)
+    shape = members.member_shape(var) if member is not None else tuple(var.shape)
     return shape[::-1] if transpose else shape
 
 
@@ -157,7 +157,7 @@ def load(critic, layout: List[Entry], states: Mapping[str, Optional[Mapping]], m
             if member is None:
                 entry[index].assign(value)
             else:
-                critic._assign_member(entry[index], member, value)
+                members.assign_member(entry[index], member, value)
 
 
 def export(critic, layout: List[Entry], member=None) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
@@ -168,7 +168,7 @@ def export(critic, layout: List[Entry], member=None) -> Tuple[Dict[str, np.ndarr
     for entry in layout:
         for index, state in ((1, out[0]), (2, out[1])):
             var = entry[index]
-            value = (critic._member_value(var, member) if member is not None
+            value = (members.member_value(var, member) if member is not None
                      else np.asarray(ops.convert_to_numpy(var.value)))
             state[entry[0]] = np.ascontiguousarray(value.T if entry[3] else value)
     return out
@@ -209,3 +209,12 @@ def build(load_fn, key: Callable[[str, int], str], transpose: bool, fast: Mappin
         random.setstate(python_random)
     load_fn(critic)
     return critic
+
+
+def view_layouts(critic, layout: List[Entry]):
+    """`(fast, ema)` layouts for `critic.fast_module(layout=...)` / `ema_module(layout=...)`: `[(upstream key,
+    variable, transpose), ...]`. A single critic only: a host's critic is one member of an ensemble."""
+    if critic.ensemble_size != 1:
+        raise ValueError(f"critic: got an ensemble of {critic.ensemble_size}; a host's module views hold a single "
+                         "critic (ensemble_size=1). Export one member instead (`member=`).")
+    return [(k, fast, t) for k, fast, _, t in layout], [(k, ema, t) for k, _, ema, t in layout]

@@ -71,3 +71,39 @@ def nm512_critic(value_state: Mapping, slow_value_state: Optional[Mapping] = Non
                          _common.unwrap(value_state),
                          gru_units=gru_units, num_z_categoricals=num_z_categoricals, num_z_classes=num_z_classes,
                          options=CRITIC_OPTIONS, what="value_state", **kwargs)
+
+
+def nm512_modules(critic, outputs: str = "logits"):
+    """The critic as NM512's `ImagBehavior.value` and `_slow_value` modules, in NM512's checkpoint layout.
+
+    Two `torch.nn.Module` views of `critic`'s own tensors whose parameters
+    are named, ordered and shaped as NM512's `networks.MLP(name="Value")`
+    (`layers.Value_linear0.weight` `[units, in]`, ..., `mean_layer.bias`):
+    `state_dict()`, `load_state_dict()` and a `torch.optim` optimizer's state
+    over `parameters()` are those of NM512's critic, so an agent checkpoint
+    (`agent.state_dict()`, the optimizers' state dicts) written with the swap
+    loads into NM512's agent and one written by it loads with the swap.
+    `forward(feat)` returns logits, not NM512's `DiscDist`: wrap them where
+    NM512 expects a distribution. PyTorch backend only.
+
+    Args:
+        critic: a built single `CriticNetwork` with `CRITIC_OPTIONS`
+            (`nm512_critic` builds one from NM512's state dicts).
+        outputs: what `forward(feat)` returns: `"logits"`, `"value"`
+            (symlog) or `"both"`.
+
+    Returns:
+        `(value, slow_value)`: the fast critic (trainable) and the EMA copy
+        (no gradients).
+
+    Raises:
+        ValueError: when `critic` is not a built single critic of NM512's
+            architecture, or not on the PyTorch backend.
+
+    Example:
+        >>> ours = nm512_critic(behavior.value.state_dict(), behavior._slow_value.state_dict(),
+        ...                     gru_units=..., num_z_categoricals=..., num_z_classes=...)
+        >>> value, slow_value = nm512_modules(ours)
+    """
+    fast, ema = _common.view_layouts(critic, _layout(critic))
+    return critic.fast_module(outputs=outputs, layout=fast), critic.ema_module(outputs=outputs, layout=ema)

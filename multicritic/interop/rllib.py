@@ -37,7 +37,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import keras
 import numpy as np
 
-from multicritic import integrity
+from multicritic import integrity, members
 from multicritic.critic import CriticNetwork
 from multicritic.interop import _common
 
@@ -72,7 +72,7 @@ def rllib_weight_names(critic: CriticNetwork) -> List[str]:
 
 
 def _member_shape(critic, var, member):
-    return critic._member_shape(var) if member is not None else tuple(var.shape)
+    return members.member_shape(var) if member is not None else tuple(var.shape)
 
 
 def _check_member(critic, member):
@@ -119,14 +119,14 @@ def load_rllib_weights(critic: CriticNetwork, weights: Sequence, member=None) ->
         if member is None:
             var.assign(w)
         else:
-            critic._assign_member(var, member, w)
+            members.assign_member(var, member, w)
 
 
 def export_rllib_weights(critic: CriticNetwork, member=None) -> List[np.ndarray]:
     """The critic's weights (an ensemble's `member`) as the list RLlib's `CriticNetwork.set_weights()` takes."""
     _check_member(critic, member)
     if member is not None:
-        return [critic._member_value(var, member) for _, var in _ordered(critic)]
+        return [members.member_value(var, member) for _, var in _ordered(critic)]
     return [np.asarray(keras.ops.convert_to_numpy(var.value)) for _, var in _ordered(critic)]
 
 
@@ -183,14 +183,19 @@ def rllib_torch_critic(state_dict: Mapping, *, gru_units: int, num_z_categorical
 
 
 def rllib_torch_module(critic: CriticNetwork):
-    """The critic in place of RLlib's PyTorch `CriticNetwork` (ray >= 2.49): `critic.torch_module()`, after
-    checking the architecture is RLlib's. Its `forward(h, z, return_logits=False, use_ema=False)`,
-    `init_ema()` and `update_ema()` are RLlib's; `parameters()` are the fast critic's then the frozen EMA
-    copy's (RLlib's order), the critic's own tensors. PyTorch backend only.
+    """The critic in place of RLlib's PyTorch `CriticNetwork` (ray >= 2.49), in RLlib's own state-dict layout.
+
+    `critic.torch_module()` with RLlib's layout, after checking the architecture is RLlib's. Its
+    `forward(h, z, return_logits=False, use_ema=False)`, `init_ema()` and `update_ema()` are RLlib's;
+    `parameters()` are the fast critic's then the frozen EMA copy's, the critic's own tensors, named, ordered
+    and shaped as RLlib's (`mlp._net.0.weight` `[units, in]`, ..., `mlp_ema.`, `return_layer_ema.`): its
+    `state_dict()` is `export_rllib_torch(critic)`'s, so an RL module checkpoint (and the optimizer state over
+    these parameters) written with the swap loads into RLlib's critic, and one written by RLlib's critic loads
+    into it. A single critic only. PyTorch backend only.
 
     Example (before the learner builds its optimizers over `critic.parameters()`):
         >>> module.critic = rllib_torch_module(rllib_torch_critic(module.critic.state_dict(), gru_units=...,
         ...                                                       num_z_categoricals=..., num_z_classes=...))
     """
-    _common.check_options(critic, "RLlib", CRITIC_OPTIONS, _BUILDER)
-    return critic.torch_module()
+    fast, ema = _common.view_layouts(critic, _torch_layout(critic))
+    return critic.torch_module(layout=(fast, [(_swap_prefix(k, _EMA_PREFIXES), v, t) for k, v, t in ema]))

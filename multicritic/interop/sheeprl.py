@@ -68,3 +68,42 @@ def sheeprl_critic(critic_state: Mapping, target_critic_state: Optional[Mapping]
     return _common.build(lambda critic: load_sheeprl(critic, critic_state, target_critic_state), _key, True,
                          _common.unwrap(critic_state), gru_units=gru_units, num_z_categoricals=num_z_categoricals,
                          num_z_classes=num_z_classes, options=CRITIC_OPTIONS, what="critic_state", **kwargs)
+
+
+def sheeprl_modules(critic, outputs: str = "logits"):
+    """The critic as sheeprl's `critic` and `target_critic` modules, in sheeprl's own checkpoint layout.
+
+    Two `torch.nn.Module` views of `critic`'s own tensors (`fast_module` /
+    `ema_module` with sheeprl's layout): parameters named, ordered and
+    shaped as sheeprl's MLP (`_model.0.weight` `[units, in]`, ...), so that
+    `state_dict()`, `load_state_dict()` and a `torch.optim` optimizer's state
+    over `parameters()` are those of sheeprl's own critic. A sheeprl
+    checkpoint written with the swap holds sheeprl's keys (sheeprl's critic
+    loads it, `checkpoint.resume_from` resumes with or without the swap), and
+    one written without it loads into these views. A host optimizer's step,
+    `load_state_dict` and sheeprl's target update (`tcp.data.copy_(...)` over
+    zipped parameters) change `critic`. PyTorch backend only.
+
+    Args:
+        critic: a built single `CriticNetwork` with `CRITIC_OPTIONS`
+            (`sheeprl_critic` builds one from sheeprl's state dicts).
+        outputs: what `forward(latent)` returns: `"logits"` (as sheeprl's
+            critic), `"value"` (symlog) or `"both"`.
+
+    Returns:
+        `(critic_module, target_critic_module)`: the fast critic (trainable)
+        and the EMA copy (no gradients).
+
+    Raises:
+        ValueError: when `critic` is not a built single critic of sheeprl's
+            architecture, or not on the PyTorch backend.
+
+    Example (in sheeprl's DreamerV3, after `build_agent(...)` returned
+    `critic` and `target_critic`):
+        >>> ours = sheeprl_critic(critic.module.state_dict(), target_critic.state_dict(),
+        ...                       gru_units=..., num_z_categoricals=..., num_z_classes=...)
+        >>> critic_module, target_module = sheeprl_modules(ours)
+        >>> critic, target_critic = setup_module(fabric, critic_module), setup_module(fabric, target_module)
+    """
+    fast, ema = _common.view_layouts(critic, _layout(critic))
+    return critic.fast_module(outputs=outputs, layout=fast), critic.ema_module(outputs=outputs, layout=ema)

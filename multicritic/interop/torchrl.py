@@ -77,9 +77,14 @@ def _weights(critic, state, what):
         raise ValueError(f"{what}: {BINS_KEY}: got dtype {bins.dtype}, expected a real number array.")
     bins = bins.astype(np.float64)
     want = bucket_values(critic.num_buckets, critic.lower_bound, critic.upper_bound, critic.bin_scheme)
-    if bins.shape != want.shape or not np.allclose(bins, want, rtol=1e-6, atol=0.0):
-        raise ValueError(f"{what}: {BINS_KEY}: the bins differ from this critic's ({critic.num_buckets} "
-                         f"{critic.bin_scheme} bins over [{critic.lower_bound}, {critic.upper_bound}]).")
+    these = f"this critic's {critic.num_buckets} {critic.bin_scheme} bins over [{critic.lower_bound}, " \
+            f"{critic.upper_bound}]"
+    if bins.shape != want.shape:
+        raise ValueError(f"{what}: {BINS_KEY}: got shape {list(bins.shape)}, expected {list(want.shape)} ({these}).")
+    off = np.flatnonzero(~np.isclose(bins, want, rtol=1e-6, atol=0.0))
+    if off.size:
+        raise ValueError(f"{what}: {BINS_KEY}: got {off.size} bin(s) that differ from {these}, the first "
+                         f"{bins[off[0]]!r} at {int(off[0])}; expected {want[off[0]]!r} (to rtol 1e-6).")
     return {k: v for k, v in state.items() if k != BINS_KEY}
 
 
@@ -121,3 +126,46 @@ def torchrl_critic(value_state: Mapping, target_value_state: Optional[Mapping] =
     return _common.build(lambda critic: load_torchrl(critic, value_state, target_value_state), _key, True,
                          fast, gru_units=gru_units, num_z_categoricals=num_z_categoricals,
                          num_z_classes=num_z_classes, options=CRITIC_OPTIONS, what="value_state", **kwargs)
+
+
+def torchrl_modules(critic, outputs: str = "logits"):
+    """The critic as TorchRL's value model and its slow copy, in TorchRL's state-dict layout.
+
+    Two `torch.nn.Module` views of `critic`'s own tensors whose
+    `state_dict()` is the value model's (`export_torchrl`'s keys, shapes and
+    values): the weights `module.0.module.model.{3i}.weight` `[units, in]`,
+    ..., and the bins buffer `module.2.module.bins`. The bins are registered
+    as a buffer, not a parameter, as TorchRL has them: a strict
+    `load_state_dict` of TorchRL's own value model state needs the key, a
+    state written from the view needs it to load strictly into TorchRL's
+    model, and no optimizer holds it. The bins are fixed by the critic's
+    configuration, so a state whose bins differ (to 1e-6 relative) is
+    refused rather than loaded beside weights that would decode on other
+    bins. A `torch.optim` optimizer's state over `parameters()` is the
+    value model's. `forward(latent)` takes `cat([belief, state])` (not a
+    TensorDict) and returns logits. PyTorch backend only.
+
+    Args:
+        critic: a built single `CriticNetwork` of TorchRL's architecture
+            (`torchrl_critic` builds one from TorchRL's state dicts).
+        outputs: what `forward(latent)` returns: `"logits"`, `"value"`
+            (symlog of the expected value) or `"both"`.
+
+    Returns:
+        `(value_model, target_value_model)`: the fast critic (trainable) and
+        the EMA copy (no gradients), each with the bins buffer.
+
+    Raises:
+        ValueError: when `critic` is not a built single critic of TorchRL's
+            architecture, or not on the PyTorch backend.
+
+    Example:
+        >>> ours = torchrl_critic(value_model.state_dict(), gru_units=..., num_z_categoricals=..., num_z_classes=...)
+        >>> value_view, slow_view = torchrl_modules(ours)
+        >>> value_view.load_state_dict(value_model.state_dict())   # strict: weights and bins
+    """
+    fast, ema = _common.view_layouts(critic, _layout(critic))
+    bins = bucket_values(critic.num_buckets, critic.lower_bound, critic.upper_bound, critic.bin_scheme)
+    constant = [(BINS_KEY, bins, "constant")]
+    return (critic.fast_module(outputs=outputs, layout=fast + constant),
+            critic.ema_module(outputs=outputs, layout=ema + constant))

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 
 from multicritic import integrity
-from multicritic.critic import CriticNetwork, upgrade_config
+from multicritic.critic_options import upgrade_config
 
 FORMAT = "multicritic-trainer-checkpoint-2"
 LEGACY_FORMATS = ("multicritic-trainer-checkpoint-1",)
@@ -200,7 +200,7 @@ def check(trainer, path) -> Checked:
     meta, fmt, arrays, by_position, digest = _read(path)
     where = f"path: {os.fspath(path)!r}"
     saved_config, moved_options = meta["critic_config"], {}
-    if isinstance(trainer.critic, CriticNetwork):
+    if getattr(trainer.critic, "stream_names", None) is None:  # a CriticNetwork (not a MultiCritic)
         saved_config, moved_options = upgrade_config(saved_config)
     critic_diff = integrity.config_differences(saved_config, trainer.critic.get_config(), IGNORED_CRITIC_KEYS)
     if critic_diff:

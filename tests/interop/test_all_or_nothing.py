@@ -1,18 +1,13 @@
 """Every interop loader and export refuses what does not fit, by name, and changes nothing (issue 31).
 
-- unbuilt critics (finding 12) and wrapper prefixes on every PyTorch layout (finding 13);
-- a hypothesis fuzz per loader family (RLlib's TensorFlow weight list, RLlib's PyTorch state dict, sheeprl,
-  the official DreamerV3 parameters, NM512, TorchRL): missing, extra and renamed keys, transposed and
-  wrong-shape arrays, non-finite entries, wrong dtypes, each refused with a `ValueError` and the critic's
-  variables bit-identical afterwards. The loaders take numpy: every backend runs them.
+Unbuilt critics (finding 12) and wrapper prefixes on every PyTorch layout (finding 13); the hypothesis fuzz
+per loader family (and of the PyTorch views) is `tests/interop/test_fuzz_loaders.py`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from multicritic import CriticNetwork
 from multicritic.interop import dreamerv3, nm512, rllib, sheeprl, torchrl
@@ -62,104 +57,6 @@ FAMILIES = {
     "nm512": Family("nm512", nm512.CRITIC_OPTIONS, nm512.export_nm512, nm512.load_nm512),
     "torchrl": Family("torchrl", torchrl.CRITIC_OPTIONS, torchrl.export_torchrl, torchrl.load_torchrl),
 }
-
-
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request):
-    """`(family, target critic, valid parts)`: the parts load into the target (checked once here)."""
-    fam = FAMILIES[request.param]
-    source, target = small(fam.options, seed=1), small(fam.options, seed=2)
-    parts = fam.parts(source)
-    check = small(fam.options, seed=3)
-    fam.load_parts(check, parts)
-    for a, b in zip(weights_of(check), weights_of(source)):
-        np.testing.assert_array_equal(a, b)
-    return fam, target, parts
-
-
-# --- Mutations -----------------------------------------------------------------------------------------------------
-
-MUTATIONS = ("drop", "extra", "rename", "transpose", "reshape", "non_finite", "dtype")
-
-
-def _editable(family_name, key):
-    # TorchRL's bins buffer may be left out (it is checked, not loaded): dropping or renaming it is no error.
-    return not (family_name == "torchrl" and key == torchrl.BINS_KEY)
-
-
-@st.composite
-def mutated(draw, fam, parts, kind):
-    """`(description, parts)`: the valid parts with one defect of `kind`."""
-    parts = [dict(p) for p in parts]
-    index = draw(st.integers(0, len(parts) - 1))
-    part = parts[index]
-    keys = sorted(part, key=str)
-    if kind in ("drop", "rename"):
-        keys = [k for k in keys if _editable(fam.name, k)]
-    key = draw(st.sampled_from(keys))
-    value = np.asarray(part[key])
-    if kind == "drop":
-        del part[key]
-        if fam.name == "rllib_tf":  # a list: the entries after it move up one place
-            parts[index] = dict(enumerate(part[k] for k in sorted(part)))
-    elif kind == "extra":
-        part[(max(part) + 1) if fam.name == "rllib_tf" else f"{key}_extra"] = value.copy()
-    elif kind == "rename":
-        if fam.name == "rllib_tf":  # a list has no names: two entries of different shapes swap places
-            others = [k for k in keys if np.shape(part[k]) != value.shape]
-            other = draw(st.sampled_from(others))
-            part[key], part[other] = part[other], part[key]
-        else:
-            renamed = draw(st.sampled_from([key + "x", key.replace(".", "_", 1), "_" + key, key.upper()]))
-            if renamed == key:
-                renamed = key + "x"
-            part[renamed] = part.pop(key)
-    elif kind == "transpose":
-        square = value.ndim == 2 and value.shape[0] == value.shape[1]
-        if value.ndim != 2 or square:  # a square transpose has the same shape: nothing can tell
-            value = value.reshape(value.shape + (1,))
-        part[key] = value.T if value.ndim == 2 else value
-    elif kind == "reshape":
-        how = draw(st.sampled_from(["grow", "shrink", "flatten", "add_axis"]))
-        if how == "grow" or value.size <= 1:
-            part[key] = np.concatenate([value.ravel(), [0.0]]).astype(value.dtype)
-        elif how == "shrink":
-            part[key] = value.ravel()[:-1]
-        elif how == "flatten" and value.ndim > 1:
-            part[key] = value.ravel()
-        else:
-            part[key] = value[None]
-        if part[key].shape == value.shape:
-            part[key] = value[None]
-    elif kind == "non_finite":
-        bad = value.astype(np.float64).copy()
-        flat = bad.reshape(-1)
-        flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e39]))
-        part[key] = bad
-    else:
-        dtype = draw(st.sampled_from(["str", "complex", "bool", "object", "none"]))
-        part[key] = {
-            "str": lambda: value.astype(str),
-            "complex": lambda: value.astype(np.complex64) + 1j,
-            "bool": lambda: value > 0,
-            "object": lambda: np.array([{"weights": value}], dtype=object),
-            "none": lambda: None,
-        }[dtype]()
-        kind = f"dtype ({dtype})"
-    return f"{kind} of {key!r} in part {index}", parts
-
-
-@pytest.mark.parametrize("kind", MUTATIONS)
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_a_defective_state_is_refused_and_changes_nothing(family, kind, data):
-    fam, target, parts = family
-    before = weights_of(target)
-    what, bad = data.draw(mutated(fam, parts, kind))
-    with pytest.raises(ValueError):
-        fam.load_parts(target, bad)
-    for a, b, var in zip(weights_of(target), before, target.weights):
-        np.testing.assert_array_equal(a, b, err_msg=f"{fam.name}: {what} changed {var.path}")
 
 
 # --- Findings 12 and 13 --------------------------------------------------------------------------------------------

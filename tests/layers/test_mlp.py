@@ -135,9 +135,49 @@ def test_float16_mlp_saturates_instead_of_overflowing():
     randomize_weights(mlp)
     for scale in (1.0, 3e3, 6e4):
         xs = (x * scale).clip(-65504, 65504).astype(np.float16)
-        np.testing.assert_allclose(to_np(mlp(xs)).astype(np.float64), numpy_mlp(mlp, xs.astype(np.float64)), atol=2e-2)
+        # The reference takes the rows as the MLP does, scaled to 2^8 (exactly, in float64): the LayerNorm then
+        # differs from that of the unscaled row by epsilon's share only.
+        peak = np.abs(xs.astype(np.float64)).max(-1, keepdims=True)
+        scaled = xs.astype(np.float64) * np.minimum(2.0**8 / peak, 1.0)
+        want, bound = float16_mlp_bound(mlp, scaled, rescaled=peak > 2.0**8)
+        got = to_np(mlp(xs)).astype(np.float64)
+        assert np.all(np.abs(got - want) <= bound), (scale, np.max(np.abs(got - want) / bound))
+        if scale == 1.0:  # and the MLP really computed in float16 (else the bound above would be vacuous)
+            assert np.abs(got - want).max() > 1e3 * 2.0**-24 * np.abs(want).max()
     inf = np.where(x > 0, np.inf, -np.inf).astype(np.float16)
     np.testing.assert_allclose(to_np(mlp(inf)), to_np(mlp(np.sign(x).astype(np.float16) * 65504)), atol=0)
+
+
+def float16_mlp_bound(mlp, x, rescaled):
+    """`(want, bound)`: the float64 one-layer MLP on `x` (`[B, n]`, the row-scaled float16 input) and the bound
+    on a float16 run of it, from float16's unit roundoff u = 2^-11 (every rounding: the exact value times
+    (1 + d), |d| <= u), never from one machine's gaps (a CPU with native float16 arithmetic rounds after every
+    operation, others keep float32 intermediates; both are within it):
+
+    - the first Dense: a rescaled row's entries rounded twice (the float16 factor, the product), the kernel
+      once (its float16 cast), `n` roundings of the dot product's accumulation (float16 or float32
+      accumulator) and one of its float16 output: |da| <= (n + 2) u (|x| @ |W|), (n + 4) u for a rescaled row;
+    - the LayerNorm, in float32 (`layer_norm`): its centred, scaled row moves by at most (2 M + |n| M) / sigma
+      for M = max |da| of the row (mean and standard deviation are 1-Lipschitz in the max norm), its float32
+      sums add 16 float32 roundings, and its output is rounded once to float16 (u |y|);
+    - SiLU in float16: |silu'| <= 1.1 times that, plus 5 roundings of its result.
+
+    A factor 2 covers the second-order terms."""
+    assert len(mlp.dense_layers) == 1 and mlp.output_layer is None
+    u, f32 = 2.0**-11, 2.0**-24
+    kernel = to_np(mlp.dense_layers[0].kernel).astype(np.float64)
+    gamma, beta = (to_np(w).astype(np.float64) for w in (mlp.layer_normalizations[0].gamma,
+                                                          mlp.layer_normalizations[0].beta))
+    a = x @ kernel
+    sigma = np.sqrt(a.var(-1, keepdims=True) + EPS_LN)
+    normed = (a - a.mean(-1, keepdims=True)) / sigma
+    y = normed * gamma + beta
+    want = y / (1.0 + np.exp(-y))
+    roundings = x.shape[-1] + 2 + np.where(rescaled, 2, 0)
+    big_m = (roundings * u * (np.abs(x) @ np.abs(kernel))).max(-1, keepdims=True)
+    dy = np.abs(gamma) * (2 * big_m + np.abs(normed) * big_m) / sigma + 16 * f32 * (np.abs(gamma * normed)
+                                                                                    + np.abs(beta)) + u * np.abs(y)
+    return want, 2 * (1.1 * dy + 5 * u * np.abs(want)) + 1e-7
 
 
 def randomize_weights(mlp, seed=1):

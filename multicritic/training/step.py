@@ -1,0 +1,490 @@
+"""The training step's options and math: losses from a batch, and the update (clip, optimizer, EMA).
+
+One implementation for every backend and for both ways of training:
+`CriticTrainer` (its own steps) and `critic.fit` (Keras's loop) build a
+`CriticStep` and run its `loss_parts` / `dream_loss` /
+`dream_and_replay_loss` and `apply` inside the backend's compiled step
+(`multicritic.backend`'s `StepProgram`). Nothing here imports the critic's
+modules: a `MultiCritic` is recognised by its `stream_names`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict, Optional
+
+import keras
+import numpy as np
+from keras import ops
+
+from multicritic import backend, draws, heads
+from multicritic.backend import StepProgram
+from multicritic.bins import inverse_symlog
+from multicritic.layers.dispatch import call_layer
+from multicritic.losses import EMA_REGULARIZERS, critic_loss
+from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns
+from multicritic.training import hosts
+from multicritic.validation import as_float32, integer, number
+
+
+def is_multi_critic(critic) -> bool:
+    """Whether `critic` is a `MultiCritic` (named reward streams), without importing it."""
+    return getattr(critic, "stream_names", None) is not None
+
+
+def _nonfinite(x):
+    """1.0 when `x` holds a non-finite value, else 0.0: from its sum (one cheap reduction; a count of
+    non-finite entries costs several passes). Finite states so large that their sum overflows (|x| near
+    float32's limit) count as non-finite too."""
+    return 1.0 - ops.cast(ops.isfinite(ops.sum(x)), "float32")
+
+
+def _repeat(x, k, axis):
+    """`x` repeated `k` times along a new axis `axis` (0: `[k, ...]`, -1: `[..., k]`); a repeat, not a
+    broadcast, because TensorFlow's batch axes are unknown when the step is traced."""
+    return ops.repeat(ops.expand_dims(x, axis), k, axis=axis)
+
+
+def _time_major(x, length, members):
+    """Outputs on flattened states `[L * B, ...]` as `[L, B, ...]` (an ensemble's `[K, L * B, ...]` as
+    `[K, L, B, ...]`)."""
+    if members:
+        return ops.reshape(x, (x.shape[0], length, -1) + tuple(x.shape[2:]))
+    return ops.reshape(x, (length, -1) + tuple(x.shape[1:]))
+
+
+def _before_last(x, members):
+    """The steps before the last of a time-major `[L, ...]` (an ensemble's `[K, L, ...]`)."""
+    return x[:, :-1] if members else x[:-1]
+
+
+
+class CriticStep:
+    """A critic's training step: its options, its state and its math, shared by every backend.
+
+    `CriticTrainer` (which adds the input checks, the steps' public API and
+    checkpoints) and `critic.compile` / `fit` build one. The arguments are
+    `CriticTrainer`'s (see there); everything is checked before anything
+    changes.
+
+    Args:
+        critic: a built `CriticNetwork` or `MultiCritic`.
+        optimizer: a Keras optimizer or None (Adam).
+        **options: `CriticTrainer`'s options.
+    """
+
+    def __init__(
+        self,
+        critic,
+        optimizer: Optional[keras.optimizers.Optimizer] = None,
+        *,
+        gamma: float = 0.997,
+        lambda_: float = 0.95,
+        grad_clip: Optional[float] = 100.0,
+        ema_update_period: int = 1,
+        ema_update_first: bool = False,
+        ema_regularizer_weight: float = 1.0,
+        ema_regularizer: str = "two_hot_mean",
+        ema_targets: bool = False,
+        seed: Optional[int] = None,
+        learning_rate: float = 3e-5,
+        epsilon: float = 1e-5,
+        jit_compile="auto",
+        check_finite: bool = True,
+        step_counter: Optional[keras.Variable] = None,
+        value_loss_weight: float = 1.0,
+        replay_loss_weight: float = 0.3,
+        replay_discount: float = 1.0 - 1.0 / 333,
+    ):
+        if not critic.built:
+            raise ValueError("critic: not built yet; call it once on a batch (or give its input sizes) first.")
+        if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ValueError(
+                f"optimizer: got {optimizer!r}, expected a keras.optimizers.Optimizer instance or None "
+                "(None: Adam with learning_rate and epsilon)."
+            )
+        gamma = number("gamma", gamma, low=0.0, high=1.0)
+        lambda_ = number("lambda_", lambda_, low=0.0, high=1.0)
+        grad_clip = number("grad_clip", grad_clip, low=0.0, low_open=True, allow_none=True)
+        if grad_clip is not None and optimizer is not None:
+            for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+                for name in ("clipnorm", "clipvalue", "global_clipnorm"):
+                    if getattr(opt, name, None) is not None:
+                        raise ValueError(
+                            f"optimizer: got a {type(opt).__name__} with {name}={getattr(opt, name)!r} and "
+                            f"grad_clip={grad_clip!r}, expected one clipping: an optimizer without {name} (the "
+                            "step clips the global norm to grad_clip), or grad_clip=None."
+                        )
+        learning_rate = number("learning_rate", learning_rate, low=0.0, low_open=True)
+        epsilon = number("epsilon", epsilon, low=0.0, low_open=True)
+        ema_update_period = integer("ema_update_period", ema_update_period)
+        ema_regularizer_weight = number("ema_regularizer_weight", ema_regularizer_weight, low=0.0)
+        value_loss_weight = number("value_loss_weight", value_loss_weight, low=0.0)
+        replay_loss_weight = number("replay_loss_weight", replay_loss_weight, low=0.0)
+        replay_discount = number("replay_discount", replay_discount, low=0.0, high=1.0)
+        if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
+            raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
+        for member in (critic.streams.values() if is_multi_critic(critic) else [critic]):
+            if ema_regularizer not in heads.get(member.head).regularizers:
+                raise ValueError(
+                    f"ema_regularizer: got {ema_regularizer!r} with the critic's head={member.head!r}, expected one of "
+                    f"{list(heads.get(member.head).regularizers)}."
+                )
+        if seed is not None:
+            seed = integer("seed", seed, low=0, high=2**32 - 1)
+        if not (isinstance(jit_compile, (bool, np.bool_)) or (isinstance(jit_compile, str) and jit_compile == "auto")):
+            raise ValueError(f"jit_compile: got {jit_compile!r}, expected True, False or 'auto'.")
+        for name, flag in (("check_finite", check_finite), ("ema_targets", ema_targets),
+                           ("ema_update_first", ema_update_first)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"{name}: got {flag!r}, expected True or False.")
+        self.critic = critic
+        if optimizer is None:
+            optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
+        if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(
+            optimizer, keras.optimizers.LossScaleOptimizer
+        ):
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        self.optimizer = optimizer
+        self.gamma = float(gamma)
+        self.lambda_ = float(lambda_)
+        self.grad_clip = None if grad_clip is None else float(grad_clip)
+        self.ema_update_period = int(ema_update_period)
+        self.ema_update_first = bool(ema_update_first)
+        self.ema_regularizer_weight = float(ema_regularizer_weight)
+        self.ema_regularizer = ema_regularizer
+        self.ema_targets = bool(ema_targets)
+        self.value_loss_weight = float(value_loss_weight)
+        self.replay_loss_weight = float(replay_loss_weight)
+        self.replay_discount = float(replay_discount)
+        self.seed = seed
+        self.jit_compile = jit_compile if isinstance(jit_compile, str) else bool(jit_compile)
+        self.check_finite = bool(check_finite)
+        self.optimizer.build(critic.trainable_variables)
+        if step_counter is not None and not any(step_counter is v for v in self.optimizer.variables):
+            raise ValueError(
+                "step_counter: got a variable the optimizer does not hold, expected the optimizer's own "
+                "`iterations` (or None for a counter of the trainer's own)."
+            )
+        self._own_counter = step_counter is None
+        self.steps = (
+            keras.Variable(0, dtype="int32", trainable=False, name="critic_trainer_steps")
+            if step_counter is None
+            else step_counter
+        )
+        # Member draws of "min_of_random": a pure function of (seed, step count) per stream
+        # (`multicritic.draws`), so draws need no state of their own and a resumed run draws what the whole
+        # run would have. Streams draw apart: each its own offset of the seed.
+        draw_seed = int(np.random.default_rng().integers(0, 2**31)) if seed is None else seed
+        self.draw_seeds = {}
+        for stream, member in self.critics().items():
+            if member.ensemble_size > 1 and member.aggregation == "min_of_random":
+                self.draw_seeds[stream] = draws.as_int32((draw_seed + len(self.draw_seeds)) % 2**32)
+        self._backend = backend.current()
+        # On several hosts, every host must build this same trainer: checked before the first collective
+        # (PyTorch: DDP's weight broadcast, next).
+        if hosts.topology(self.state_variables)[1] > 1:
+            hosts.agree("CriticTrainer", hosts.fingerprint(self), self.state_variables)
+        # The critic's forward pass; a backend may route it through its
+        # data-parallel engine (PyTorch DDP).
+        self._forward = self._backend.forward_function(critic) or functools.partial(call_layer, critic)
+
+    # ------------------------------------------------------------------
+    # State.
+
+    @property
+    def state_variables(self):
+        """Every variable a step reads or writes, in a fixed order."""
+        return (
+            list(self.critic.trainable_variables)
+            + list(self.critic.non_trainable_variables)
+            + list(self.optimizer.variables)
+            + ([self.steps] if self._own_counter else [])
+        )
+
+    def options(self) -> Dict[str, object]:
+        """The trainer's options (the critic's own are in `critic.get_config()`)."""
+        return {
+            "gamma": self.gamma,
+            "lambda_": self.lambda_,
+            "grad_clip": self.grad_clip,
+            "ema_update_period": self.ema_update_period,
+            "ema_update_first": self.ema_update_first,
+            "ema_regularizer_weight": self.ema_regularizer_weight,
+            "ema_regularizer": self.ema_regularizer,
+            "ema_targets": self.ema_targets,
+            "value_loss_weight": self.value_loss_weight,
+            "replay_loss_weight": self.replay_loss_weight,
+            "replay_discount": self.replay_discount,
+            "seed": self.seed,
+            "jit_compile": self.jit_compile,
+            "check_finite": self.check_finite,
+        }
+
+    # ------------------------------------------------------------------
+    # The step's math, shared by all backends.
+
+    @staticmethod
+    def _like(x, value):
+        """`x [...]` repeated to an ensemble's `value [K, ...]` (targets and weights shared by the members)."""
+        return x if len(x.shape) == len(value.shape) else _repeat(x, value.shape[0], axis=0)
+
+    # The step's math works on named critics: `{None: critic}` for one
+    # critic, the streams of a `MultiCritic`.
+
+    def critics(self) -> Dict[Optional[str], object]:
+        return self.critic.streams if is_multi_critic(self.critic) else {None: self.critic}
+
+    def _outputs(self, h, z, use_ema=False):
+        out = self._forward(h, z, use_ema=use_ema)
+        return out if isinstance(out, dict) else {None: out}
+
+    def _combine(self, per_stream):
+        """One critic's losses, or the streams' weighted sum with per-stream metrics (`"task/total"`)."""
+        if list(per_stream) == [None]:
+            losses = per_stream[None]
+            return losses["total"], losses
+        weights = self.critic.stream_weights
+        metrics = {f"{s}/{k}": v for s, losses in per_stream.items() for k, v in losses.items()}
+        metrics["total"] = sum(weights[s] * losses["total"] for s, losses in per_stream.items())
+        for count in ("invalid_inputs", "nonfinite_targets"):
+            metrics[count] = sum(losses[count] for losses in per_stream.values())
+        return metrics["total"], metrics
+
+    def _critic_losses(self, critic, fast, ema, value_targets, loss_weights):
+        """One critic's loss from its fast and EMA outputs (an ensemble's `[K, ...]`)."""
+        value, logits = fast
+        regularize = self.ema_regularizer_weight > 0.0
+        ema_value = ema_logits = None
+        if regularize:
+            ema_value, ema_logits = ops.stop_gradient(ema[0]), ops.stop_gradient(ema[1])
+        targets = self._like(value_targets, value)
+        losses = critic_loss(
+            logits,
+            targets,
+            ema_value if regularize else ops.zeros_like(targets),
+            self._like(loss_weights, value),
+            ema_regularizer=self.ema_regularizer if regularize else "two_hot_mean",
+            ema_regularizer_weight=self.ema_regularizer_weight,
+            ema_logits=ema_logits if self.ema_regularizer == "distribution" else None,
+            **critic.loss_options(),
+        )
+        if regularize:
+            losses["ema_value_gap"] = ops.mean(ops.abs(ops.stop_gradient(value) - ema_value))
+        if critic.ensemble_size > 1:
+            # Disagreement of the members (symlog space): an uncertainty signal.
+            losses["member_spread"] = ops.mean(ops.std(ops.stop_gradient(value), axis=0))
+        # Negative (or NaN) weights would turn descent into ascent: such a step is skipped.
+        losses["invalid_inputs"] = ops.sum(ops.cast(ops.logical_not(loss_weights >= 0.0), "float32"))
+        return losses
+
+    def _invalid_states(self, fast, h, z):
+        """1.0 when the states `h`, `z` hold a non-finite value, else 0.0 (such states are no data to learn
+        from). A critic whose MLP does not clip its inputs (`MLP.clips_inputs`) gives, with its finite
+        weights, a non-finite value exactly for such a state: the check sums its fast values (`[N]`, computed
+        anyway) instead of the states (`[N, gru_units]`, `[N, cats, classes]`). Clipping critics sum the
+        states themselves."""
+        critics = self.critics()
+        if not any(c.mlp.clips_inputs for c in critics.values()):
+            return _nonfinite(fast[next(iter(critics))][0])
+        return _nonfinite(h) + _nonfinite(z)
+
+    def loss_parts(self, h, z, value_targets, loss_weights):
+        fast = self._outputs(h, z)
+        ema = self._outputs(h, z, use_ema=True) if self.ema_regularizer_weight > 0.0 else {}
+        targets = value_targets if isinstance(value_targets, dict) else {None: value_targets}
+        total, losses = self._combine(
+            {s: self._critic_losses(c, fast[s], ema.get(s), targets[s], loss_weights) for s, c in self.critics().items()}
+        )
+        losses["invalid_inputs"] = losses["invalid_inputs"] + self._invalid_states(fast, h, z)
+        return total, losses
+
+    def _dream_losses(self, stream, critic, fast, ema, horizon, rewards, continues):
+        """One critic's dream loss from its outputs on the flattened `[(H+1) * B]` states, and the
+        lambda-return from each start state (`[B]`, per member `[K, B]`), which replay returns bootstrap from."""
+        value, logits = fast
+        ema_value, ema_logits = ema if ema is not None else (None, None)
+        members = critic.ensemble_size > 1
+        per_member = members and critic.aggregation == "members"
+
+        def steps_before_last(x):
+            return _before_last(_time_major(x, horizon, members), members)
+
+        source = ops.stop_gradient(ema_value if self.ema_targets else value)
+        values_real = inverse_symlog(_time_major(self._aggregate(stream, critic, source), horizon, per_member))
+        if per_member:  # [K, H+1, B]: each member bootstraps from its own values
+            k = critic.ensemble_size
+            values_real = ops.moveaxis(values_real, 0, -1)
+            targets = lambda_returns(
+                _repeat(rewards, k, axis=-1), _repeat(continues, k, axis=-1), values_real, self.gamma, self.lambda_
+            )
+            targets = ops.moveaxis(targets, -1, 0)
+        else:
+            targets = lambda_returns(rewards, continues, values_real, self.gamma, self.lambda_)
+        weights = dream_loss_weights(continues, self.gamma)[:-1]
+        fast = (steps_before_last(value), steps_before_last(logits))
+        if ema is not None:
+            ema = (steps_before_last(ema_value), steps_before_last(ema_logits))
+        losses = self._critic_losses(critic, fast, ema, targets, weights)
+        losses["value_target_mean"] = ops.mean(targets)
+        if is_multi_critic(self.critic):
+            # The stream's return statistics over the whole (data-parallel: gathered) batch.
+            normalizer = self.critic.normalizers[stream]
+            losses.update(normalizer.statistics(self._backend.all_gather(ops.stop_gradient(targets))))
+        return losses, ops.stop_gradient(targets[:, 0] if per_member else targets[0])
+
+    def _aggregate(self, stream, critic, values):
+        """`critic.aggregate`, drawing "min_of_random" members from (seed, step count)."""
+        if stream not in self.draw_seeds:
+            return critic.aggregate(values)
+        return critic.aggregate(values, seed=(self.draw_seeds[stream], ops.cast(self.steps, "int32")))
+
+    def _flat_outputs(self, h, z, need_ema):
+        """Fast (and EMA: `{}` when not `need_ema`) outputs on time-major states `[L, B, ...]`, flattened."""
+        flat_h = ops.reshape(h, (-1, h.shape[-1]))
+        flat_z = ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
+        return self._outputs(flat_h, flat_z), (self._outputs(flat_h, flat_z, use_ema=True) if need_ema else {})
+
+    def dream_loss(self, h, z, rewards, continues):
+        return self.dream_parts(h, z, rewards, continues)[:2]
+
+    def dream_parts(self, h, z, rewards, continues):
+        """`(total, metrics, {stream: start returns})` of a dream batch."""
+        horizon = h.shape[0]
+        fast, ema = self._flat_outputs(h, z, self.ema_regularizer_weight > 0.0 or self.ema_targets)
+        rewards = rewards if isinstance(rewards, dict) else {None: rewards}
+        per_stream = {
+            s: self._dream_losses(s, c, fast[s], ema.get(s), horizon, rewards[s], continues)
+            for s, c in self.critics().items()
+        }
+        total, losses = self._combine({s: parts[0] for s, parts in per_stream.items()})
+        outside = ops.logical_not(ops.logical_and(continues >= 0.0, continues <= 1.0))
+        invalid = ops.sum(ops.cast(outside, "float32")) + self._invalid_states(fast, h, z)
+        losses["invalid_inputs"] = losses["invalid_inputs"] + invalid
+        if self.value_loss_weight != 1.0:
+            total = total * self.value_loss_weight
+        return total, losses, {s: parts[1] for s, parts in per_stream.items()}
+
+    def _replay_losses(self, critic, fast, ema, boot, rewards, is_last, is_terminal):
+        """One critic's replay value loss from its outputs on the flattened `[T * B]` replay states."""
+        value, logits = fast
+        members = critic.ensemble_size > 1
+        length = rewards.shape[0]
+
+        def before_last(x):
+            return _before_last(_time_major(x, length, members), members)
+
+        if members and critic.aggregation == "members":  # each member's own returns, [K, T, B] -> [T, B, K]
+            k = critic.ensemble_size
+            targets = replay_lambda_returns(
+                _repeat(rewards, k, -1), _repeat(is_last, k, -1), _repeat(is_terminal, k, -1),
+                ops.moveaxis(boot, 0, -1), self.replay_discount, self.lambda_,
+            )
+            targets = ops.moveaxis(targets, -1, 0)
+        else:
+            targets = replay_lambda_returns(rewards, is_last, is_terminal, boot, self.replay_discount, self.lambda_)
+        fast = (before_last(value), before_last(logits))
+        if ema is not None:
+            ema = (before_last(ema[0]), before_last(ema[1]))
+        losses = self._critic_losses(critic, fast, ema, targets, 1.0 - is_last[:-1])
+        losses["value_target_mean"] = ops.mean(targets)
+        return losses
+
+    def dream_and_replay_loss(self, h, z, rewards, continues, replay_h, replay_z, replay_rewards, is_last, is_terminal):
+        total, losses, starts = self.dream_parts(h, z, rewards, continues)
+        length = replay_h.shape[0]
+        fast, ema = self._flat_outputs(replay_h, replay_z, self.ema_regularizer_weight > 0.0)
+        replay_rewards = replay_rewards if isinstance(replay_rewards, dict) else {None: replay_rewards}
+        per_stream = {}
+        for stream, critic in self.critics().items():
+            # Dream start j = b * T + t is replay step (t, b): [..., B * T] -> [..., T, B].
+            start = starts[stream]
+            boot = ops.reshape(start, tuple(start.shape[:-1]) + (-1, length))
+            boot = ops.swapaxes(boot, -1, -2)
+            per_stream[stream] = self._replay_losses(
+                critic, fast[stream], ema.get(stream), boot, replay_rewards[stream], is_last, is_terminal
+            )
+        replay_total, replay = self._combine(per_stream)
+        flags = ops.concatenate([ops.reshape(is_last, (-1,)), ops.reshape(is_terminal, (-1,))])
+        invalid = ops.sum(ops.cast(ops.logical_not(ops.logical_or(flags == 0.0, flags == 1.0)), "float32"))
+        invalid = invalid + self._invalid_states(fast, replay_h, replay_z)
+        losses.update({f"repval/{k}": v for k, v in replay.items()})
+        losses["invalid_inputs"] = losses["invalid_inputs"] + replay["invalid_inputs"] + invalid
+        losses["nonfinite_targets"] = losses["nonfinite_targets"] + replay["nonfinite_targets"]
+        total = total + self.replay_loss_weight * replay_total
+        losses["total"] = total
+        return total, losses
+
+    def _loss_scale(self):
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            return self.optimizer.dynamic_scale
+        return self.optimizer.loss_scale_factor
+
+    def program(self, loss_fn) -> StepProgram:
+        return StepProgram(
+            trainable=list(self.critic.trainable_variables),
+            state=self.state_variables,
+            loss=loss_fn,
+            scale_loss=self.optimizer.scale_loss,
+            apply=self.apply,
+            jit_compile=self.jit_compile,
+            private=list(self.optimizer.variables),
+            loss_scaled=isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer),
+        )
+
+    def apply(self, grads, losses):
+        """Clip, update, EMA: shared by every backend (assignments via `Variable.assign`).
+
+        All or nothing: with non-finite gradients or invalid inputs (see
+        `invalid_inputs`) the weights, the EMA copy, the optimizer's slots
+        and the step counter stay as they were (`step_skipped` = 1). Under a
+        loss-scale optimizer, the optimizer still sees non-finite gradients,
+        so that it lowers its scale (and skips its own update).
+        """
+        critic = self.critic
+        trainable = critic.trainable_variables  # (each read walks the critic's layers)
+        grads = [as_float32(g) for g in grads]
+        scale = self._loss_scale()
+        backend = self._backend
+        norm = backend.global_norm(grads)
+        if scale is not None:
+            norm = norm / ops.cast(scale, "float32")
+        metrics = dict(losses)
+        metrics["grad_norm"] = norm
+        finite = ops.isfinite(norm)
+        inputs_ok = ops.equal(losses["invalid_inputs"], 0.0)
+        ok = ops.logical_and(finite, inputs_ok)
+        metrics["nonfinite_grads"] = 1.0 - ops.cast(finite, "float32")
+        metrics["step_skipped"] = 1.0 - ops.cast(ok, "float32")
+        if self.grad_clip is not None:
+            # tf.clip_by_global_norm's factor (the reference's clipping).
+            factor = self.grad_clip * ops.minimum(1.0 / norm, 1.0 / self.grad_clip)
+            grads = backend.scale(grads, factor)
+        period = self.ema_update_period
+
+        def optimizer_step():
+            backend.apply_gradients(self.optimizer, grads, trainable)
+
+        def bookkeeping():
+            if self._own_counter:  # else the optimizer has counted the step
+                self.steps.assign(self.steps + 1)
+            if is_multi_critic(critic):
+                for stream, normalizer in critic.normalizers.items():
+                    names = normalizer.statistic_names
+                    if names and all(f"{stream}/{n}" in metrics for n in names):
+                        normalizer.update_from({n: metrics[f"{stream}/{n}"] for n in names})
+            for member in self.critics().values():
+                if period == 1:
+                    member.update_ema()
+                else:
+                    due = ops.equal((self.steps - (1 if self.ema_update_first else 0)) % period, 0)
+                    member.update_ema(decay=ops.where(due, member.ema_decay, 1.0))
+
+        optimizer_state = list(trainable) + list(self.optimizer.variables)
+        bookkeeping_state = [self.steps] + list(critic.non_trainable_variables)
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            backend.update_if(inputs_ok, optimizer_step, optimizer_state)
+            backend.update_if(ok, bookkeeping, bookkeeping_state)
+        else:
+            backend.update_if(ok, lambda: (optimizer_step(), bookkeeping()), optimizer_state + bookkeeping_state)
+        return metrics
