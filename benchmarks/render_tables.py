@@ -128,6 +128,17 @@ def train_step_ratios(files, ours="multicritic", native="native"):
     return lines
 
 
+@table("forward_views")
+def forward_views(files):
+    """PyTorch forward passes a host calls in its loops: ours against the same `nn.Module`, per entry point."""
+    lines = ["| size | batch | call | autograd | ours us | nn.Module us | ours / nn.Module |",
+             "|---|---:|---|---|---:|---:|---:|"]
+    for r in files[0]:
+        lines.append(f"| {r['size']} | {r['batch']} | `{r['entry']}` | {'on' if r['autograd'] else 'no_grad'} | "
+                     f"{r['ours_us']:.1f} | {r['native_us']:.1f} | {r['ratio']:.2f} |")
+    return lines
+
+
 @table("sweep")
 def sweep(files):
     """Batch sweep at XS, then model sizes: per backend ours / native ms, the ratio and our utilisation."""
