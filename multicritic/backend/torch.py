@@ -100,9 +100,9 @@ def _host_contiguous(var) -> None:
             value.data = value.data.t().contiguous().t()
 
 
-def _register(module, name: str, param) -> None:
-    """`param` registered under a dotted `name` (`_model.0.weight`), with plain modules for the prefixes, so that
-    `state_dict()` keys are `name`."""
+def _holder(module, name: str):
+    """The submodule that holds a dotted `name` (`_model.0.weight`), plain modules made for its prefixes, and
+    the name's last part."""
     *path, leaf = name.split(".")
     for part in path:
         child = module._modules.get(part)
@@ -110,20 +110,20 @@ def _register(module, name: str, param) -> None:
             child = torch.nn.Module()
             module.add_module(part, child)
         module = child
-    module.register_parameter(leaf, param)
+    return module, leaf
+
+
+def _register(module, name: str, param) -> None:
+    """`param` registered under a dotted `name`, so that `state_dict()` keys are `name`."""
+    holder, leaf = _holder(module, name)
+    holder.register_parameter(leaf, param)
 
 
 def _register_buffer(module, name: str, tensor):
     """`tensor` registered as a buffer under a dotted `name`, as `_register` does parameters; returns its holder."""
-    *path, leaf = name.split(".")
-    for part in path:
-        child = module._modules.get(part)
-        if child is None:
-            child = torch.nn.Module()
-            module.add_module(part, child)
-        module = child
-    module.register_buffer(leaf, tensor)
-    return module
+    holder, leaf = _holder(module, name)
+    holder.register_buffer(leaf, tensor)
+    return holder
 
 
 # Wrappers whose attribute name prefixes every key of a wrapped module's state dict: torch.compile,

@@ -63,14 +63,9 @@ class CriticStep:
     """A critic's training step: its options, its state and its math, shared by every backend.
 
     `CriticTrainer` (which adds the input checks, the steps' public API and
-    checkpoints) and `critic.compile` / `fit` build one. The arguments are
-    `CriticTrainer`'s (see there); everything is checked before anything
-    changes.
-
-    Args:
-        critic: a built `CriticNetwork` or `MultiCritic`.
-        optimizer: a Keras optimizer or None (Adam).
-        **options: `CriticTrainer`'s options.
+    checkpoints) and `critic.compile` / `fit` build one. Its arguments are
+    `CriticTrainer`'s, documented there; everything is checked before
+    anything changes.
     """
 
     def __init__(

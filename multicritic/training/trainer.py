@@ -9,7 +9,6 @@ as a `StepProgram`.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from typing import Callable, Dict, Optional
 
@@ -130,10 +129,39 @@ class CriticTrainer(CriticStep):
         >>> float(metrics["total"])
     """
 
-    def __init__(self, critic: CriticNetwork, optimizer: Optional[keras.optimizers.Optimizer] = None, **options):
+    def __init__(
+        self,
+        critic: CriticNetwork,
+        optimizer: Optional[keras.optimizers.Optimizer] = None,
+        *,
+        gamma: float = 0.997,
+        lambda_: float = 0.95,
+        grad_clip: Optional[float] = 100.0,
+        ema_update_period: int = 1,
+        ema_update_first: bool = False,
+        ema_regularizer_weight: float = 1.0,
+        ema_regularizer: str = "two_hot_mean",
+        ema_targets: bool = False,
+        seed: Optional[int] = None,
+        learning_rate: float = 3e-5,
+        epsilon: float = 1e-5,
+        jit_compile="auto",
+        check_finite: bool = True,
+        step_counter: Optional[keras.Variable] = None,
+        value_loss_weight: float = 1.0,
+        replay_loss_weight: float = 0.3,
+        replay_discount: float = 1.0 - 1.0 / 333,
+    ):
         if not isinstance(critic, (CriticNetwork, MultiCritic)):
             raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic.")
-        super().__init__(critic, optimizer, **options)
+        super().__init__(
+            critic, optimizer, gamma=gamma, lambda_=lambda_, grad_clip=grad_clip, ema_update_period=ema_update_period,
+            ema_update_first=ema_update_first, ema_regularizer_weight=ema_regularizer_weight,
+            ema_regularizer=ema_regularizer, ema_targets=ema_targets, seed=seed, learning_rate=learning_rate,
+            epsilon=epsilon, jit_compile=jit_compile, check_finite=check_finite, step_counter=step_counter,
+            value_loss_weight=value_loss_weight, replay_loss_weight=replay_loss_weight,
+            replay_discount=replay_discount,
+        )
         self._compiled: Dict[str, Callable] = {}
         # One step at a time: a second thread gets a clear error, not a
         # half-updated state (or, on JAX, donated buffers).
@@ -371,7 +399,3 @@ class CriticTrainer(CriticStep):
         if not isinstance(self.critic, MultiCritic):
             return tensors[0]
         return dict(zip(self.critic.stream_names, tensors))
-
-
-# The options are `CriticStep`'s: the signature says so to `help()` and `inspect`.
-CriticTrainer.__init__.__signature__ = inspect.signature(CriticStep.__init__)
