@@ -79,7 +79,7 @@ def test_matches_the_official_code_for_three_updates():
         grads = [gold[f"{GOLDEN}step{step}/grad/val/{k}"] for k in PARAMS]
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
         assert int(to_np(optimizer.iterations)) == step + 1
-        for k, v, nu, mu in zip(PARAMS, variables, optimizer._velocities, optimizer._momentums):
+        for k, v, nu, mu in zip(PARAMS, variables, optimizer.velocity_slots, optimizer.momentum_slots):
             where = f"update {step + 1}, {k}"
             want = gold[f"{GOLDEN}step{step}/state/val/{k}"]
             np.testing.assert_allclose(to_np(v), want, rtol=1e-5, atol=1e-7, err_msg=where)
@@ -136,11 +136,11 @@ def test_matches_a_float64_transcription_for_five_updates(agc):
         for i, v in enumerate(variables):
             where = f"update {step + 1}, tensor {i}"
             np.testing.assert_allclose(to_np(v), want_p[i], rtol=1e-5, atol=1e-6, err_msg=where)
-            np.testing.assert_allclose(to_np(optimizer._velocities[i]), want_nu[i], rtol=1e-4, atol=0, err_msg=where)
-            np.testing.assert_allclose(to_np(optimizer._momentums[i]), want_mu[i], rtol=1e-4, atol=2e-6, err_msg=where)
+            np.testing.assert_allclose(to_np(optimizer.velocity_slots[i]), want_nu[i], rtol=1e-4, atol=0, err_msg=where)
+            np.testing.assert_allclose(to_np(optimizer.momentum_slots[i]), want_mu[i], rtol=1e-4, atol=2e-6, err_msg=where)
     # The zero gradient leaves its tensor and slots exactly as they were.
     np.testing.assert_array_equal(to_np(variables[2]), params[2])
-    assert not np.any(to_np(optimizer._velocities[2])) and not np.any(to_np(optimizer._momentums[2]))
+    assert not np.any(to_np(optimizer.velocity_slots[2])) and not np.any(to_np(optimizer.momentum_slots[2]))
     assert np.all(np.isfinite(to_np(variables[3])))
 
 
@@ -154,7 +154,7 @@ def test_agc_is_finite_for_gradients_whose_squares_overflow():
     optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], [huge, modest])
     assert np.all(np.isfinite(to_np(huge)))
     np.testing.assert_allclose(to_np(huge), to_np(modest), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(to_np(optimizer._velocities[0]), to_np(optimizer._velocities[1]), rtol=1e-4)
+    np.testing.assert_allclose(to_np(optimizer.velocity_slots[0]), to_np(optimizer.velocity_slots[1]), rtol=1e-4)
 
 
 # ----------------------------------------------------------------------------- warmup and config
@@ -176,7 +176,7 @@ def test_warmup_first_update_is_a_no_op_then_ramps():
     optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads[0]], variables)
     for v, p in zip(variables, params):
         np.testing.assert_array_equal(to_np(v), p)
-    assert np.any(to_np(optimizer._velocities[0])) and np.any(to_np(optimizer._momentums[0]))
+    assert np.any(to_np(optimizer.velocity_slots[0])) and np.any(to_np(optimizer.momentum_slots[0]))
     lrs = [1e-2 * min(n / 4, 1.0) for n in range(6)]
     want = reference(params, grads, lrs=lrs)
     for step in range(1, 6):
@@ -300,7 +300,7 @@ def test_all_tensors_at_once_is_the_per_tensor_update(monkeypatch):
         optimizer.build(variables)
         for step in grads:
             optimizer.apply([keras.ops.convert_to_tensor(g) for g in step], variables)
-        runs.append([to_np(v) for v in variables + optimizer._velocities + optimizer._momentums])
+        runs.append([to_np(v) for v in variables + optimizer.velocity_slots + optimizer.momentum_slots])
     for a, b in zip(*runs):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
     assert not np.allclose(runs[0][0], params[0])
