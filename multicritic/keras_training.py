@@ -505,7 +505,11 @@ class KerasTraining:
             def apply(grads, metrics):
                 return self._record(trainer.apply(grads, metrics), names)
 
-            program = fit.programs[kind] = dataclasses.replace(trainer.program(loss), apply=apply)
+            program = trainer.program(loss)
+            # The step also writes the loss and metric trackers: they are state a compiled step carries.
+            trackers = [v for t in [self._loss_tracker, *fit.trackers.values()] for v in t.variables]
+            program = fit.programs[kind] = dataclasses.replace(program, apply=apply,
+                                                               state=list(program.state) + trackers)
         return program
 
     def _require_compiled(self, what="fit"):

@@ -1,4 +1,4 @@
-"""PyTorch: gradients with autograd (`loss.backward()`); the update optionally through `torch.compile`.
+"""PyTorch: gradients with autograd (`loss.backward()`), or the step compiled whole (`torch_step`).
 
 Data parallelism: when `torch.distributed` is initialised with more than one
 process, the fast critic's forward pass goes through
@@ -18,10 +18,10 @@ import warnings
 import keras
 import torch
 from keras.src.backend.common import global_state
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.torch import core as keras_torch
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from multicritic.backend import Backend, torch_replay
+from multicritic.backend import Backend, torch_replay, torch_step
 
 VIEW_OUTPUTS = ("logits", "value", "both")
 
@@ -60,7 +60,7 @@ def _fused_adam_params(optimizer, grads, variables):
     on one CPU or CUDA device, outside `torch.compile`), else None."""
     from keras.src.backend.torch.optimizers.torch_adam import Adam
 
-    if type(optimizer) is not Adam or torch.compiler.is_compiling():
+    if type(optimizer) is not Adam or torch_step.tracing():
         return None
     options = (optimizer.amsgrad, optimizer.weight_decay, optimizer.clipnorm, optimizer.clipvalue,
                optimizer.global_clipnorm, optimizer.gradient_accumulation_steps, optimizer.loss_scale_factor)
@@ -340,24 +340,21 @@ class CriticPairModule(_AllOrNothingLoad, torch.nn.Module):
 
 # "auto" compiles a step kind at its this-many-th call. Counted in calls, not seconds, so that a run is
 # reproducible (compiled and eager steps round differently; a switch timed by the clock would move with the
-# machine's load). 1000 eager steps take about what compiling costs on a CPU (5-20 ms steps of the critics
-# in `benchmarks/`, 6-19 s compilations): an auto run then takes at most about twice the time of the better
-# choice made in advance (the ski-rental rule), and short runs (tests, scripts) never compile.
+# machine's load). Short runs (tests, scripts) never compile; docs/performance.md gives the break-even.
 AUTO_COMPILE_AFTER_STEPS = 1000
-# The `torch.compile` backend of compiled steps: inductor (generated kernels); tests that only check what is
-# captured use "aot_eager" (the same graphs, run by ATen), which traces without generating code.
-COMPILE_BACKEND = os.environ.get("MULTICRITIC_TORCH_COMPILE_BACKEND", "inductor")
+# What compiles a traced step: "inductor" (generated kernels), or "aten" (the traced graph run op by op:
+# tests that check what is captured need not wait for code generation).
+COMPILER = os.environ.get("MULTICRITIC_TORCH_COMPILER", "inductor")
 
 
 class TrainFunction:
-    """One kind of train step: eager autograd, or compiled whole by `torch.compile`.
+    """One kind of train step: eager autograd, or compiled whole (`torch_step.WholeStep`).
 
-    Compiled, the step is two graphs and no host sync: the loss (forward
-    passes and loss, its backward pass compiled with it by AOTAutograd) and
-    the update (clip, optimizer, EMA, the skip-or-update select), each traced
-    with `fullgraph=True`, so an op that breaks the graph or reads a tensor on
-    the host fails the compilation instead of silently splitting the step. On
-    CUDA both run as CUDA graphs (`mode="reduce-overhead"`).
+    Compiled, the step is one graph per batch signature, from the forward
+    passes through the backward pass to the last assignment, with no host
+    sync: an op that reads a tensor on the host fails the compilation
+    instead of silently splitting the step. On CUDA it replays as a CUDA
+    graph.
 
     `jit_compile`: True compiles at the first call; False never; `"auto"`
     at the `AUTO_COMPILE_AFTER_STEPS`-th call, falling back to eager (with a
@@ -373,7 +370,7 @@ class TrainFunction:
         self.program = program
         self.distributed = distributed
         self.eager_steps = 0
-        self.compiled = None  # (loss, apply) once compiled
+        self.compiled = None  # a WholeStep once compiled
         self._apply = program.apply
         if distributed and program.jit_compile is True:
             self._apply = torch.compile(program.apply)
@@ -386,49 +383,29 @@ class TrainFunction:
             return False  # Keras's loss-scale optimizer branches on the host: its update cannot be one graph
         return mode is True or self.eager_steps >= AUTO_COMPILE_AFTER_STEPS
 
-    def _compile(self):
-        program = self.program
-
-        def scaled_loss(*batch):
-            loss, metrics = program.loss(*batch)
-            return program.scale_loss(loss), metrics
-
-        device = program.trainable[0].value.device
-        options = dict(fullgraph=True, backend=COMPILE_BACKEND)
-        if device.type == "cuda" and COMPILE_BACKEND == "inductor":
-            options["mode"] = "reduce-overhead"
-        self.compiled = (torch.compile(scaled_loss, **options), torch.compile(program.apply, **options))
-        self.cuda = device.type == "cuda"
-
-    def _compiled_step(self, batch):
-        loss_fn, apply_fn = self.compiled
-        if self.cuda:
-            torch.compiler.cudagraph_mark_step_begin()
-        params = [v.value for v in self.program.trainable]
-        for p in params:
-            p.grad = None
-        scaled, metrics = loss_fn(*batch)
-        scaled.backward()
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        metrics = {k: v.detach() for k, v in metrics.items()}
-        return apply_fn(grads, metrics)
+    def _eager(self, batch):
+        self.eager_steps += 1
+        return self.backend.train_step(self.program, batch, self._apply, self.distributed)
 
     def __call__(self, *batch):
         if self.compiled is None and self._want_compiled():
-            self._compile()
-            if self.program.jit_compile == "auto":
-                try:
-                    return self._compiled_step(batch)
-                except Exception as err:  # a graph break or an op inductor cannot lower: stay eager
-                    warnings.warn(f"multicritic: torch.compile of the train step failed; it runs eagerly. {err}",
-                                  RuntimeWarning, stacklevel=2)
-                    self.compiled = None
-                    self.program = dataclasses.replace(self.program, jit_compile=False)
-                    # The failed compilation ran no assignment: the step is retried eagerly below.
-        if self.compiled is not None:
-            return self._compiled_step(batch)
-        self.eager_steps += 1
-        return self.backend.train_step(self.program, batch, self._apply, self.distributed)
+            self.compiled = torch_step.WholeStep(self.program, COMPILER)
+        if self.compiled is None:
+            return self._eager(batch)
+        if self.program.jit_compile == "auto":
+            try:
+                metrics = self.compiled(*batch)
+            except Exception as err:  # an op that reads the host, or one inductor cannot lower: stay eager
+                warnings.warn(f"multicritic: compiling the train step failed; it runs eagerly. {err}",
+                              RuntimeWarning, stacklevel=2)
+                self.compiled = None
+                self.program = dataclasses.replace(self.program, jit_compile=False)
+                # A failed compilation assigned nothing: the step is retried eagerly.
+                return self._eager(batch)
+        else:
+            metrics = self.compiled(*batch)
+        # None: more batch signatures than a step compiles (`torch_step.MAX_SIGNATURES`); this one is eager.
+        return self._eager(batch) if metrics is None else metrics
 
 
 class TorchBackend(Backend):
@@ -444,7 +421,7 @@ class TorchBackend(Backend):
     def constant(self, values):
         # `torch.compile` cannot trace numpy: inside it, the Python floats. Nor is a tensor made while a
         # tracer (`make_fx`, fake tensors) runs cached: it belongs to that trace.
-        if torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
+        if torch_step.tracing():
             return torch.tensor(list(values), dtype=torch.float32)
         # Eager: one tensor per table and device, made once (a new one per use cost a tensor's construction
         # and copy a few times per step). Nothing writes into these. Made outside inference mode: a first
@@ -563,15 +540,19 @@ class TorchBackend(Backend):
         """Eager PyTorch on the CPU reads the flag on the host: skipping costs nothing. On an accelerator or
         inside `torch.compile` nothing waits for the host (a step CUDA graphs can capture, one compiled graph):
         the update runs, then a select keeps the old values where `ok` is false."""
-        if ok.device.type == "cpu" and not torch.compiler.is_compiling():
+        if ok.device.type == "cpu" and not torch_step.tracing():
             if bool(ok):
                 update()
             return
-        values = [v.value for v in variables]  # assignments copy into these tensors
-        old = [x.clone() for x in values]
+        old = [v.value.clone() for v in variables]
         update()
         with torch.no_grad():
-            for x, before in zip(values, old):
+            if in_stateless_scope():  # a traced step (`torch_step`): assignments are recorded, not copied
+                for var, before in zip(variables, old):
+                    var.assign(torch.where(ok, var.value, before))
+                return
+            for var, before in zip(variables, old):
+                x = var.value
                 x.copy_(torch.where(ok, x, before))
 
     def all_gather(self, x):

@@ -100,11 +100,10 @@ class CriticTrainer(CriticStep):
         epsilon: of the default Adam (1e-5).
         jit_compile: True, False or `"auto"` (the default: each backend's
             faster choice). TensorFlow: compile the `tf.function` step with
-            XLA (`"auto"`: no XLA). PyTorch: compile the whole step with
-            `torch.compile` (two graphs, no host sync: the loss with its
-            backward, and the update; CUDA graphs on a GPU); `"auto"` runs
-            a step kind's first 1000 calls eagerly (about what a compilation
-            costs), then compiles it (see
+            XLA (`"auto"`: no XLA). PyTorch: compile the whole step into
+            one graph per batch shape (forward, backward and update, no host
+            sync; inductor's kernels, a CUDA graph on a GPU); `"auto"` runs
+            a step kind's first 1000 calls eagerly, then compiles it (see
             `multicritic.backend.torch.TrainFunction`). JAX: always jitted.
         check_finite: raise a `ValueError` for non-finite numpy inputs before
             any state changes. Backend tensors are not inspected on the host;

@@ -1,5 +1,5 @@
-"""PyTorch: the whole train step captured by `torch.compile` (no graph break, no host sync, no recompilation),
-the same values as the eager step, and `jit_compile="auto"`."""
+"""PyTorch: the whole train step compiled as one graph (no host sync, no recompilation over new data), the same
+values as the eager step, and `jit_compile="auto"`; the forward passes captured whole by `torch.compile`."""
 
 import keras
 import numpy as np
@@ -15,6 +15,7 @@ if BACKEND == "torch":
     import torch
 
     from multicritic.backend import torch as torch_backend
+    from multicritic.backend import torch_step
 
 STEPS = ("direct", "dream", "dream_replay")
 
@@ -84,9 +85,9 @@ def assert_same_state(got, want, start):
 
 @pytest.fixture
 def aot_eager(monkeypatch):
-    """Compiled steps through "aot_eager": the graphs dynamo and AOTAutograd capture, run by ATen (no code
-    generation: a capture test need not wait for inductor)."""
-    monkeypatch.setattr(torch_backend, "COMPILE_BACKEND", "aot_eager")
+    """Compiled steps run as their traced ATen graphs (no code generation: a capture test need not wait for
+    inductor); `torch.compile` of the forward passes through "aot_eager"."""
+    monkeypatch.setattr(torch_backend, "COMPILER", "aten")
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -98,8 +99,8 @@ def compiled_frames():
 
 @pytest.mark.parametrize("critic_kind", ["single", "multi"])
 def test_every_step_kind_compiles_whole_and_matches_eager(critic_kind, aot_eager):
-    # fullgraph=True: a graph break (a host sync such as `.item()` / `.tolist()`, an untraceable op) fails the
-    # compilation, so an op that brings one back fails here.
+    # One traced graph per step: a host sync (`.item()`, `.tolist()`, `bool(t)`) or an untraceable op fails
+    # the compilation (jit_compile=True raises), so an op that brings one back fails here.
     data = batches(make_critic(critic_kind), 3)
     for kind in STEPS:
         results = {}
@@ -114,19 +115,19 @@ def test_every_step_kind_compiles_whole_and_matches_eager(critic_kind, aot_eager
                 np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=f"{kind} {step} {name}")
         assert_same_state(jit_state, eager_state, state_of(CriticTrainer(make_critic(critic_kind), seed=5)))
         fn = trainer._compiled[kind]
-        assert fn.compiled is not None and fn.eager_steps == 0
+        assert fn.compiled is not None and fn.eager_steps == 0 and fn.compiled.compilations == 1
 
 
 def test_no_recompilation_over_100_steps_of_new_data(aot_eager):
     critic = make_critic("multi")
     trainer = CriticTrainer(critic, seed=3, jit_compile=True)
     data = batches(critic, 100, seed=7)["dream"]
-    trainer.train_on_dream(*data[0])
-    trainer.train_on_dream(*data[1])
     frames = compiled_frames()
-    for args in data[2:]:
+    for args in data:
         trainer.train_on_dream(*args)
-    assert compiled_frames() == frames, dict(torch._dynamo.utils.counters["frames"])
+    fn = trainer._compiled["dream"]
+    assert fn.eager_steps == 0 and fn.compiled.compilations == 1 and len(fn.compiled.graphs) == 1
+    assert compiled_frames() == frames  # and nothing went through dynamo
 
 
 def test_inductor_step_matches_eager_for_three_steps():
@@ -159,18 +160,16 @@ def test_auto_runs_eagerly_then_compiles_at_a_fixed_step(monkeypatch, aot_eager)
 
 
 def test_auto_falls_back_to_eager_when_compilation_fails(monkeypatch, aot_eager):
-    def broken(fn, **options):
-        def run(*args, **kwargs):
-            raise RuntimeError("no compiler here")
-        return run
+    def broken(self, values, batch):
+        raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(torch_backend, "AUTO_COMPILE_AFTER_STEPS", 0)
-    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(torch_step.WholeStep, "_compile", broken)
     data = batches(make_critic("single"), 2)["direct"]
     reference = CriticTrainer(make_critic("single"), jit_compile=False)
     want = run_steps(reference, "direct", data)
     trainer = CriticTrainer(make_critic("single"), jit_compile="auto")
-    with pytest.warns(RuntimeWarning, match="torch.compile of the train step failed"):
+    with pytest.warns(RuntimeWarning, match="compiling the train step failed"):
         got = run_steps(trainer, "direct", data)
     assert got == want  # each step ran once, eagerly
     for a, b in zip(state_of(reference), state_of(trainer)):
