@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict, Optional, Tuple
 
 import keras
 import numpy as np
 from keras import ops
+
+
+@functools.lru_cache(maxsize=None)
+def dtype_name(dtype) -> str:
+    """`keras.backend.standardize_dtype(dtype)`, cached: a step checks every input's dtype, and the standard
+    name of a backend's dtype object never changes."""
+    return keras.backend.standardize_dtype(dtype)
 
 
 def as_float32(x):
@@ -18,7 +26,7 @@ def as_float32(x):
 def cast_to(x, dtype: str):
     """`ops.cast(x, dtype)`, except that a backend tensor already of `dtype` is returned as it is, without a
     Keras op: on eager PyTorch each op call costs tens of µs."""
-    if ops.is_tensor(x) and keras.backend.standardize_dtype(x.dtype) == dtype:
+    if ops.is_tensor(x) and dtype_name(x.dtype) == dtype:
         return x
     return ops.cast(x, dtype)
 
@@ -87,7 +95,7 @@ def real_values(name: str, x):
     if x is None or isinstance(x, (str, bytes)):
         raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
     if ops.is_tensor(x) or isinstance(x, keras.KerasTensor):
-        kind = keras.backend.standardize_dtype(x.dtype)
+        kind = dtype_name(x.dtype)
         if not kind.startswith(("float", "bfloat", "int", "uint", "bool")):
             raise ValueError(f"{name}: got a tensor of dtype {kind}, expected real numbers.")
         return x
@@ -108,7 +116,7 @@ def real_tensor(name: str, x, dtype: str):
     x = real_values(name, x)
     if isinstance(x, np.ndarray):
         return ops.convert_to_tensor(x if x.dtype.kind == "f" and x.dtype != np.float64 else x.astype(dtype))
-    if isinstance(x, keras.KerasTensor) or "float" in keras.backend.standardize_dtype(x.dtype):
+    if isinstance(x, keras.KerasTensor) or "float" in dtype_name(x.dtype):
         return x
     return ops.cast(x, dtype)
 

@@ -151,9 +151,12 @@ class JaxBackend(Backend):
         compiled = jax.jit(step, donate_argnums=1)
 
         def run(*batch):
+            # Outside a caller's StatelessScope (and outside layer calls: no autocast) a variable's value is
+            # its stored array: read without `Variable.value`'s scope lookups, as `_direct_assign` stores it.
+            direct = not in_stateless_scope()
             state, seen = [], set()
             for i, var in enumerate(variables):
-                value = var.value
+                value = var._value if direct else var.value
                 if i >= n_shared and id(value) in seen:  # one buffer cannot be donated twice
                     value = value.copy()
                 seen.add(id(value))
@@ -161,7 +164,6 @@ class JaxBackend(Backend):
             new_state, metrics = compiled(state[:n_shared], state[n_shared:], _shard_batch(batch, batch_axis))
             # The step's outputs have the variables' shapes and dtypes: stored without `assign`'s conversion
             # and checks (tens of microseconds per step), except inside a caller's StatelessScope.
-            direct = not in_stateless_scope()
             for var, value in zip(variables, new_state):
                 var._direct_assign(value) if direct else var.assign(value)
             return metrics

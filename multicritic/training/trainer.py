@@ -259,7 +259,9 @@ class CriticTrainer(CriticStep):
                 "one trainer takes one step at a time (use one trainer per thread, or a lock)."
             )
         try:
-            if not self.critic.trainable or not self.critic.trainable_variables:
+            fn = self._compiled.get(kind)
+            # (The trainable variables are listed, a walk over the critic's layers, once per step kind.)
+            if not self.critic.trainable or (fn is None and not self.critic.trainable_variables):
                 raise ValueError(
                     "critic: has no trainable variables (critic.trainable is False); set critic.trainable = True "
                     "to train it."
@@ -280,7 +282,6 @@ class CriticTrainer(CriticStep):
                         "starting at replay step t of sequence b)."
                     )
                 batch = batch + replay_batch
-            fn = self._compiled.get(kind)
             if fn is None:
                 fn = self._compiled[kind] = backend.current().make_train_function(self.program(loss_fn), batch_axis)
             return fn(*batch)
