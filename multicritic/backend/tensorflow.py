@@ -114,6 +114,11 @@ class TensorFlowBackend(Backend):
     name = "tensorflow"
     lazy_fallbacks = True
 
+    def detached(self, x):
+        # TensorFlow differentiates only what a tape is asked for (the step's own tape: the critic's
+        # variables); an input tensor carries no graph that a step could send gradients into.
+        return x
+
     def global_norm(self, tensors):
         # `tf.clip_by_global_norm`'s norm (the reference's clipping): one fused `l2_loss` pass per tensor, where
         # `sum(t * t)` is a square and a sum.
@@ -178,8 +183,11 @@ class TensorFlowBackend(Backend):
             key = tuple((tuple(s.shape), s.dtype) for s in signature)
             fn = compiled.get(key)
             if fn is None:
+                # Called as its concrete function: the key above already chose it (a `tf.function` call would
+                # bind and match the signature again, ~0.5 ms a step).
                 fn = compiled[key] = tf.function(step, input_signature=signature, jit_compile=_xla(program))
-            return fn(*batch)
+                fn.concrete = fn.get_concrete_function()
+            return fn.concrete(*batch)
 
         run.compiled = compiled
         return run
