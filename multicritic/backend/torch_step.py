@@ -31,7 +31,11 @@ from typing import Callable, Dict, List, Sequence
 import torch
 import torch._inductor
 from keras import StatelessScope
+from torch._guards import TracingContext
+from torch._guards import tracing as tracing_context
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 # Distinct batch signatures compiled per step kind; past this many a new one runs eagerly (a caller whose
@@ -107,7 +111,10 @@ class WholeStep:
         if self.compiler == "aten":
             fn = gm
         else:
-            with torch.no_grad():
+            # A shape environment (static: no symbolic sizes) lets inductor and AOTAutograd look the graph up
+            # in their on-disk caches: a second process skips code generation.
+            fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+            with torch.no_grad(), tracing_context(TracingContext(fake_mode)):
                 fn = torch._inductor.compile(gm, list(values) + list(batch))
         if self.cuda_graphs and values[0].device.type == "cuda":
             fn = _CudaGraphStep(fn, values, batch)
