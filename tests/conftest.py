@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 
-import keras
-import numpy as np
-import pytest
+# Compiled PyTorch steps run as their traced ATen graphs in the tests (the capture and its values are what
+# most tests check); inductor's code generation costs 10-30 s per step and is tested where it is named
+# (tests/backend/test_torch.py, tests/backend/test_torch_step.py). Subprocesses inherit it.
+os.environ.setdefault("MULTICRITIC_TORCH_COMPILER", "aten")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 BACKEND = keras.backend.backend()
 

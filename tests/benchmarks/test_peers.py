@@ -62,6 +62,19 @@ def test_peers_benchmark_runs(tmp_path):
 
 
 @pytest.mark.interop
+def test_host_training_benchmark_runs(tmp_path):
+    _require_peers()
+    out = tmp_path / "host.json"
+    result = _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers", "host_training.py"), "--steps", "32",
+                   "--repeats", "1", "--json", str(out)], env=dict(os.environ, KERAS_BACKEND="torch"))
+    (record,) = json.loads(out.read_text())
+    assert record["steps"] == 32 and len(record["stock_s_all"]) == len(record["swap_s_all"]) == 1
+    assert record["stock_s"] > 0 and record["swap_s"] > 0 and record["keras_import_s"] > 0
+    assert record["swap_over_stock"] == pytest.approx(record["swap_s"] / record["stock_s"])
+    assert "swap / stock" in result.stdout
+
+
+@pytest.mark.interop
 def test_official_benchmark_runs(tmp_path):
     """The official JAX code in its own environment (tests/data/interop/official/
     generate_official_critic_goldens.py says how to build it); paired with multicritic's JAX step when this
