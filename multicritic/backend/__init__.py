@@ -82,6 +82,10 @@ class StepProgram:
     # What a backend builds for this program (its compiled functions), kept with it.
     cache: Dict[str, Any] = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
+    def __post_init__(self):
+        if [id(v) for v in list(self.state)[: len(self.trainable)]] != [id(v) for v in self.trainable]:
+            raise ValueError("StepProgram: state must start with the trainable variables, in their order.")
+
 
 class Backend(abc.ABC):
     """The per-backend half of training and inference."""

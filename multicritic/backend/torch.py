@@ -57,7 +57,7 @@ def _saturated_step(device):
 def _fused_adam_params(optimizer, grads, variables):
     """The variables' tensors when `optimizer` is a plain Keras Adam the fused kernel computes exactly (no
     AMSGrad, weight decay, clipping, optimizer EMA, accumulation, loss scale or constraints; float32 weights
-    on one CPU or CUDA device, outside `torch.compile`), else None."""
+    on one CPU or CUDA device, outside a trace: `torch_step.tracing()`), else None."""
     from keras.src.backend.torch.optimizers.torch_adam import Adam
 
     if type(optimizer) is not Adam or torch_step.tracing():
@@ -392,18 +392,17 @@ class TrainFunction:
             self.compiled = torch_step.WholeStep(self.program, COMPILER)
         if self.compiled is None:
             return self._eager(batch)
-        if self.program.jit_compile == "auto":
-            try:
-                metrics = self.compiled(*batch)
-            except Exception as err:  # an op that reads the host, or one inductor cannot lower: stay eager
-                warnings.warn(f"multicritic: compiling the train step failed; it runs eagerly. {err}",
-                              RuntimeWarning, stacklevel=2)
-                self.compiled = None
-                self.program = dataclasses.replace(self.program, jit_compile=False)
-                # A failed compilation assigned nothing: the step is retried eagerly.
-                return self._eager(batch)
-        else:
+        try:
             metrics = self.compiled(*batch)
+        except Exception as err:  # an op that reads the host, or one inductor cannot lower
+            if self.program.jit_compile != "auto":
+                raise
+            warnings.warn(f"multicritic: compiling the train step failed; it runs eagerly. {err}",
+                          RuntimeWarning, stacklevel=2)
+            self.compiled = None
+            self.program = dataclasses.replace(self.program, jit_compile=False)
+            # A failed compilation assigned nothing: the step is retried eagerly.
+            return self._eager(batch)
         # None: more batch signatures than a step compiles (`torch_step.MAX_SIGNATURES`); this one is eager.
         return self._eager(batch) if metrics is None else metrics
 

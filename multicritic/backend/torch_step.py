@@ -71,9 +71,7 @@ class WholeStep:
         self.compiler = compiler
         self.cuda_graphs = cuda_graphs
         self.state = list(program.state)
-        self.n_trainable = len(program.trainable)
-        if [id(v) for v in self.state[: self.n_trainable]] != [id(v) for v in program.trainable]:
-            raise ValueError("StepProgram: state must start with the trainable variables, in their order.")
+        self.n_trainable = len(program.trainable)  # the state's first (`StepProgram` checks)
         self.graphs: Dict[tuple, Callable] = {}
         self.compilations = 0
 
@@ -117,7 +115,7 @@ class WholeStep:
             with torch.no_grad(), tracing_context(TracingContext(fake_mode)):
                 fn = torch._inductor.compile(gm, list(values) + list(batch))
         if self.cuda_graphs and values[0].device.type == "cuda":
-            fn = _CudaGraphStep(fn, values, batch)
+            fn = _CudaGraphStep(fn, len(values))
         return fn
 
     def __call__(self, *batch):
@@ -137,10 +135,10 @@ class _CudaGraphStep:
     batch copied into the recorded input buffers. Recorded again if a variable's memory moves (a restore that
     replaced a tensor instead of copying into it)."""
 
-    def __init__(self, fn, values, batch):
+    def __init__(self, fn, n_values: int):
         self.fn = fn
-        self.n_values = len(values)
-        self.graph = self.pointers = None
+        self.n_values = n_values
+        self.graph = self.pointers = self.inputs = self.outputs = None
 
     def _record(self, values, batch):
         self.inputs = [x.clone() for x in batch]
