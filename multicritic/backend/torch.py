@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import warnings
 
@@ -280,11 +281,11 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
         return self
 
     def forward(self, latent, z=None):
-        if not self.aliased:  # the critic's own tensors: its own forward pass (replayed on the critic)
-            return self._run(latent, z)
+        # Replayed here, not only by the critic: a call skips the critic's entry point and its checks.
         key = ("view", z is None, self.use_ema, self.outputs, self.critic.forward_signature())
         inputs = (latent,) if z is None else (latent, z)
-        return torch_replay.replay(self, self._variables, key, self._run, inputs, self._values())
+        return torch_replay.replay(self, self._variables, key, self._run, inputs,
+                                   self._values() if self.aliased else None)
 
     def _variables(self):
         return self.variables
@@ -407,6 +408,11 @@ class TrainFunction:
         return self._eager(batch) if metrics is None else metrics
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_device(name):
+    return torch.device(name)
+
+
 class TorchBackend(Backend):
     name = "torch"
     has_list_kernels = True
@@ -442,7 +448,7 @@ class TorchBackend(Backend):
         return torch_replay.replay(owner, variables, key, fn, inputs)
 
     def device_scope(self, x):
-        want, have = getattr(x, "device", None), torch.device(keras_torch.get_device())
+        want, have = getattr(x, "device", None), _torch_device(keras_torch.get_device())
         if want is None or (want.type == have.type and have.index in (None, want.index)):
             return contextlib.nullcontext()
         return keras_torch.device_scope(str(want))

@@ -35,7 +35,9 @@ _UNTRACEABLE = object()
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
 _DROPPED = (torch.ops.aten.lift_fresh_copy.default,)
 
-_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# Per owner, by id: a dict lookup per call (a WeakKeyDictionary makes a weak reference at every lookup). An
+# owner's entry goes when the owner does (`weakref.finalize`), before its id can be reused.
+_CACHES: dict = {}
 _LOCK = threading.Lock()
 
 
@@ -77,11 +79,14 @@ def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: 
     """
     if not ENABLED or not replayable(inputs):
         return _eager(variables, fn, inputs, values)
-    cache = _CACHES.get(owner)
+    cache = _CACHES.get(id(owner))
     if cache is None:
-        with _LOCK:
-            cache = _CACHES.setdefault(owner, _Cache())
-    signature = (key,) + tuple((x.shape, x.dtype, x.device) for x in inputs)
+        cache = _cache_of(owner)
+    if len(inputs) == 1:
+        x = inputs[0]
+        signature = (key, x.shape, x.dtype, x.device)
+    else:
+        signature = (key,) + tuple((x.shape, x.dtype, x.device) for x in inputs)
     graph = cache.graphs.get(signature)
     if graph is not None:
         return _eager(variables, fn, inputs, values) if graph is _UNTRACEABLE else graph(inputs, values)
@@ -90,6 +95,15 @@ def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: 
     if len(cache.graphs) < MAX_SIGNATURES:
         cache.graphs[signature] = _trace(list(variables()), fn, inputs, outputs, values)
     return outputs
+
+
+def _cache_of(owner):
+    with _LOCK:
+        cache = _CACHES.get(id(owner))
+        if cache is None:
+            cache = _CACHES[id(owner)] = _Cache()
+            weakref.finalize(owner, _CACHES.pop, id(owner), None)
+        return cache
 
 
 def _eager(variables, fn, inputs, values):
@@ -102,14 +116,16 @@ def _eager(variables, fn, inputs, values):
 class _Graph:
     """A traced forward pass: `graph(inputs)` runs its ops on the variables' tensors and `inputs`."""
 
-    def __init__(self, run, source, tensors, structure):
+    def __init__(self, run, run_no_grad, source, tensors, structure):
         self.run = run
+        self.run_no_grad = run_no_grad  # the same ops less the `detach`es, which only matter to autograd
         self.source = source  # the generated Python, for inspection
         self.tensors = tensors
         self.structure = structure
 
     def __call__(self, inputs, values=None):
-        out = self.run(*(self.tensors if values is None else values), *inputs)
+        run = self.run if torch.is_grad_enabled() else self.run_no_grad
+        out = run(*(self.tensors if values is None else values), *inputs)
         return out if self.structure is None else tuple(out)
 
 
@@ -127,23 +143,28 @@ def _trace(variables, fn, inputs, reference, values=None):
         with torch.inference_mode(False), torch.enable_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             gm = make_fx(pure, tracing_mode="fake")(*tensors, *examples)
-        run, source = _straight_line(gm)
-        graph = _Graph(run, source, tensors, "tuple" if isinstance(reference, tuple) else None)
+        run, run_no_grad, source = _straight_line(gm)
+        graph = _Graph(run, run_no_grad, source, tensors, "tuple" if isinstance(reference, tuple) else None)
         with torch.no_grad():
-            got = graph(inputs, values)
+            runs = [graph.run(*graph.tensors if values is None else values, *inputs),
+                    graph.run_no_grad(*graph.tensors if values is None else values, *inputs)]
     except Exception:  # a data-dependent op, or an op the tracer does not know: this signature runs eagerly
         return _UNTRACEABLE
     want = reference if isinstance(reference, tuple) else (reference,)
-    got = got if isinstance(got, tuple) else (got,)
-    same = len(got) == len(want) and all(
-        g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w.detach()) for g, w in zip(got, want)
-    )
-    return graph if same else _UNTRACEABLE
+    for got in runs:
+        got = tuple(got) if isinstance(got, list) else (got,)
+        if not (len(got) == len(want) and all(g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w.detach())
+                                              for g, w in zip(got, want))):
+            return _UNTRACEABLE
+    return graph
 
 
 def _straight_line(gm):
-    """The graph's ops as one Python function calling each op's C++ entry directly (no FX interpreter, no
-    `OpOverload` frame per op), with shape-preserving views and constant copies dropped."""
+    """The graph's ops as Python functions calling each op directly (no FX interpreter, no `OpOverload` frame
+    per op), with shape-preserving views and constant copies dropped: `(run, run_no_grad, source)`, the second
+    without the `detach`es (which only cut autograd's record). An op is called through its `torch.<name>`
+    binding where it has one (the same kernel, and a cheaper call than the boxed one that takes a schema's
+    arguments from Python, most of all Python scalars), else through its overload's C++ entry."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -153,7 +174,7 @@ def _straight_line(gm):
             graph.erase_node(node)
     graph.eliminate_dead_code()
     _fold_constants(gm)
-    names, scope, lines, params = {}, {}, [], []
+    names, scope, lines, no_grad, params = {}, {}, [], [], []
 
     def ref(x):
         if isinstance(x, torch.fx.Node):
@@ -174,18 +195,37 @@ def _straight_line(gm):
         elif node.op == "get_attr":
             scope[f"_a{i}"] = getattr(gm, node.target)
             lines.append(f"{name} = _a{i}")
+            no_grad.append(lines[-1])
         elif node.op == "call_function":
             target = node.target
-            scope[f"_f{i}"] = target._op if isinstance(target, torch._ops.OpOverload) else target
+            scope[f"_f{i}"] = _callable(target, bool(node.kwargs))
             args = [ref(a) for a in node.args] + [f"{k}={ref(v)}" for k, v in node.kwargs.items()]
             lines.append(f"{name} = _f{i}({', '.join(args)})  # {target}")
+            no_grad.append(f"{name} = {args[0]}" if target is torch.ops.aten.detach.default else lines[-1])
         elif node.op == "output":
             lines.append(f"return {ref(node.args[0])}")
+            no_grad.append(lines[-1])
         else:
             raise ValueError(f"unexpected graph node {node.op}")
-    source = f"def run({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in lines)
+    source = "".join(f"def {fn}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+                     for fn, body in (("run", lines), ("run_no_grad", no_grad)))
     exec(compile(source, "<multicritic replay>", "exec"), scope)
-    return scope["run"], source
+    return scope["run"], scope["run_no_grad"], source
+
+
+# Overloads whose `torch.<name>` binding takes the same positional arguments (the default and Tensor ones).
+_BOUND_OVERLOADS = ("default", "Tensor", "self", "dim_IntList", "int")
+
+
+def _callable(target, has_kwargs):
+    if not isinstance(target, torch._ops.OpOverload):
+        return target
+    namespace, name = target._schema.name.split("::")
+    if namespace == "aten" and not has_kwargs and target._overloadname in _BOUND_OVERLOADS:
+        binding = getattr(torch._C._VariableFunctions, name, None) or getattr(torch._C._nn, name, None)
+        if binding is not None:
+            return binding
+    return target._op
 
 
 def _fold_constants(gm):
@@ -222,5 +262,5 @@ def _same_shape(node, source) -> bool:
 
 def graphs(owner) -> dict:
     """The graphs traced for `owner`, by signature (`None` for one that runs eagerly), for inspection."""
-    cache = _CACHES.get(owner)
+    cache = _CACHES.get(id(owner))
     return {} if cache is None else {k: (None if g is _UNTRACEABLE else g) for k, g in cache.graphs.items()}

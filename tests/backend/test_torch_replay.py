@@ -99,6 +99,28 @@ def test_a_logits_view_computes_no_value():
     assert len(torch_replay.graphs(critic)) == 2
 
 
+def test_a_view_replays_its_own_graph_and_no_grad_calls_skip_the_detaches():
+    critic, latent, _, _ = critic_and_inputs()
+    view = critic.fast_module()
+    want = keras_path(lambda: view(latent))
+    view(latent)
+    (graph,) = torch_replay.graphs(view).values()  # the view's own: a call does not go through the critic's
+    grad_lines = [line for line in graph.source.split("def run_no_grad")[0].splitlines() if "aten.detach" in line]
+    no_grad_lines = graph.source.split("def run_no_grad")[1]
+    assert grad_lines and "aten.detach" not in no_grad_lines  # the row guard's stop-gradient, autograd only
+    calls = []
+    original = graph.run_no_grad
+    graph.run_no_grad = lambda *args: calls.append(1) or original(*args)
+    with torch.no_grad():
+        assert_bit_identical(view(latent), want)
+    assert calls == [1]
+    assert_bit_identical(view(latent), want)
+    assert calls == [1]  # autograd on: the run with the detaches
+    # Ops are called through their bindings (`torch.mm`) where one exists, else through the overload's entry.
+    assert torch_replay._callable(torch.ops.aten.mm.default, False) is torch.mm
+    assert torch_replay._callable(torch.ops.aten.view.default, False) == torch.ops.aten.view.default._op
+
+
 def test_replays_follow_weight_changes_made_in_place():
     critic, latent, h, z = critic_and_inputs()
     view, ema = critic.fast_module(), critic.ema_module()
