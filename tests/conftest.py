@@ -9,6 +9,14 @@ import os
 # (tests/backend/test_torch.py, tests/backend/test_torch_step.py). Subprocesses inherit it.
 os.environ.setdefault("MULTICRITIC_TORCH_COMPILER", "aten")
 
+# pytest-xdist workers share the machine's cores: each takes its share for PyTorch's OpenMP pool (set before
+# PyTorch starts; subprocesses inherit it). Pools of every core in each worker oversubscribe the machine, and
+# OpenMP threads that spin at barriers then wait for each other's time slices, so that tests of many small
+# ops run several times slower than alone.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

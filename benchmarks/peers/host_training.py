@@ -7,7 +7,7 @@ the README's swap (`swap`: `sheeprl_critic` + `sheeprl_modules` as critic
 and target critic), in alternating order in one process (stock, swap, swap,
 stock, ...), medians of the wall times. The time to import Keras and
 multicritic, which a swapped run adds once per process, is measured apart in
-a fresh interpreter.
+a fresh interpreter that has imported what a sheeprl run imports first.
 
     KERAS_BACKEND=torch python benchmarks/peers/host_training.py --steps 256 --repeats 3 \
         --json benchmarks/results/results_host_training.json
@@ -40,9 +40,10 @@ def _example():
 
 
 def import_seconds() -> float:
-    """Seconds a fresh interpreter takes to import Keras and multicritic (PyTorch already imported)."""
-    code = ("import time, torch; t = time.perf_counter(); import keras, multicritic.interop.sheeprl; "
-            "print(time.perf_counter() - t)")
+    """Seconds a fresh interpreter takes to import Keras and multicritic on top of what a sheeprl DreamerV3 run
+    has imported already (sheeprl's CLI and DreamerV3 modules, and with them PyTorch, Lightning and dynamo)."""
+    code = ("import sheeprl.cli, sheeprl.algos.dreamer_v3.dreamer_v3, time; t = time.perf_counter(); "
+            "import keras, multicritic.interop.sheeprl; print(time.perf_counter() - t)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                          env={**os.environ, "KERAS_BACKEND": "torch"})
     return float(out.stdout.strip().splitlines()[-1])

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 from jax.experimental import multihost_utils
 from keras import StatelessScope
-from keras.src.backend.common.stateless_scope import in_stateless_scope
+from keras.src.backend.common.stateless_scope import get_stateless_scope, in_stateless_scope
 
 from multicritic.backend import Backend
 
@@ -87,6 +87,21 @@ def _run_stateless(variables, state, fn):
     return new_state, result
 
 
+class _SelectedUpdates(StatelessScope):
+    """The enclosing stateless scope continued, where an assignment to a variable of `old` (by id) stores
+    `where(ok, value, old value)`."""
+
+    def __init__(self, outer, ok, old):
+        super().__init__()
+        self.state_mapping = dict(outer.state_mapping)
+        self.ok, self.old = ok, old
+
+    def add_update(self, update):
+        variable, value = update
+        before = self.old.get(id(variable))
+        super().add_update((variable, value if before is None else jnp.where(self.ok, value, before)))
+
+
 def _split(values, groups):
     out, start = [], 0
     for group in groups:
@@ -107,9 +122,11 @@ class JaxBackend(Backend):
         return x if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) else super().detached(x)
 
     def apply_gradients(self, optimizer, grads, variables):
-        """Through `stateless_apply`: Keras's stateful paths (the loss-scale
-        optimizer's) branch with `ops.cond`, whose assignments JAX cannot
-        carry out of the branch."""
+        """A loss-scale optimizer through `stateless_apply`: its stateful path branches with `ops.cond`, whose
+        assignments JAX cannot carry out of the branch. Any other optimizer applies in the step's own scope,
+        where `update_if` selects each assignment as it is made."""
+        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return optimizer.apply(grads, variables)
         opt_vars = optimizer.variables
         new_vars, new_opt = optimizer.stateless_apply([v.value for v in opt_vars], grads, [v.value for v in variables])
         for var, value in zip(list(variables) + list(opt_vars), list(new_vars) + list(new_opt)):
@@ -129,11 +146,21 @@ class JaxBackend(Backend):
         return np.asarray(multihost_utils.process_allgather(data), np.uint8)
 
     def update_if(self, ok, update, variables):
-        """XLA has no conditional assignment: both values exist and a select picks one."""
-        old = [v.value for v in variables]
-        update()
-        for var, value in zip(variables, old):
-            var.assign(jnp.where(ok, var.value, value))
+        """XLA has no conditional assignment: both values exist and a select picks one. Each assignment is
+        selected as it is made, so what the update reads afterwards (Adam's new moments, the new weights the
+        EMA follows) is the selected value, which is the step's output: every slot and weight buffer is then
+        read by one fusion, and XLA updates the donated ones in place instead of copying them first. The values
+        are the same as selecting after the whole update."""
+        outer = get_stateless_scope()
+        old = {id(v): v.value for v in variables}
+        if outer is None:
+            update()
+            for var in variables:
+                var.assign(jnp.where(ok, var.value, old[id(var)]))
+            return
+        with _SelectedUpdates(outer, ok, old) as scope:
+            update()
+        outer.state_mapping.update(scope.state_mapping)
 
     def make_train_function(self, program, batch_axis):
         private = {id(v) for v in program.private}
