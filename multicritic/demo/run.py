@@ -153,10 +153,12 @@ class Session:
         else:
             optimizer = keras.optimizers.Adam(schedule, epsilon=1e-5)
         self.critic = fresh
+        # Thousands of steps of one batch shape: the step is compiled from its first call on every backend
+        # ("auto" would run PyTorch's first 1000 eagerly, and TensorFlow's without XLA).
         self.trainer = CriticTrainer(
             fresh,
             optimizer,
-            **{"gamma": config.gamma, "lambda_": config.lambda_,
+            **{"gamma": config.gamma, "lambda_": config.lambda_, "jit_compile": True,
                "seed": config.seed if config.aggregation == "min_of_random" else None, **trainer_options},
         )
         self._initial = [np.array(keras.ops.convert_to_numpy(v.value))
