@@ -75,6 +75,17 @@ def test_host_training_benchmark_runs(tmp_path):
 
 
 @pytest.mark.interop
+def test_host_training_benchmark_runs_rllib(tmp_path):
+    _require_peers()
+    out = tmp_path / "host.json"
+    _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers", "host_training.py"), "--host", "rllib",
+          "--iterations", "3", "--repeats", "1", "--json", str(out)], env=dict(os.environ, KERAS_BACKEND="torch"))
+    (record,) = json.loads(out.read_text())
+    assert record["host"].startswith("RLlib") and record["iterations"] == 3
+    assert record["stock_s"] > 0 and record["swap_s"] > 0 and record["keras_import_s"] > 0
+
+
+@pytest.mark.interop
 def test_official_benchmark_runs(tmp_path):
     """The official JAX code in its own environment (tests/data/interop/official/
     generate_official_critic_goldens.py says how to build it); paired with multicritic's JAX step when this
