@@ -44,6 +44,13 @@ EXPORT_LIMITS = {
 
 Metrics = Dict[str, Any]
 
+# `jit_compile="auto"`: where a backend compiles a step further than its default way of running it (PyTorch:
+# the whole step by inductor instead of eager autograd; TensorFlow: XLA instead of the plain graph), it does so
+# at a step kind's this-many-th call. Counted in calls, not seconds, so that a run is reproducible (the two
+# ways round differently; a switch timed by the clock would move with the machine's load). Short runs (tests,
+# scripts) never switch; docs/performance.md gives the break-even.
+AUTO_COMPILE_AFTER_STEPS = 1000
+
 
 @dataclasses.dataclass(frozen=True)
 class StepProgram:

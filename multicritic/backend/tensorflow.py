@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from multicritic import backend as backend_contract
 from multicritic.backend import Backend, StepProgram
 
 
@@ -27,9 +28,13 @@ def batch_signature(batch, batch_axis):
     return specs
 
 
-def _xla(program: StepProgram) -> bool:
-    """Whether the step compiles with XLA: only when asked (`"auto"`: the graph without XLA, measured as fast
-    at the critic's sizes, and without XLA's per-shape compilations)."""
+def _xla(program: StepProgram, calls: int = 0) -> bool:
+    """Whether the step compiles with XLA: when asked, and under `"auto"` from a step kind's
+    `AUTO_COMPILE_AFTER_STEPS`-th call on (XLA's fused step is faster than the plain graph's op-by-op kernels
+    at the critic's sizes; before, no XLA compilation per batch shape for a short run), unless loss-scaled
+    (Keras's loss-scale optimizer's conditional update is left to the graph)."""
+    if program.jit_compile == "auto":
+        return calls >= backend_contract.AUTO_COMPILE_AFTER_STEPS and not program.loss_scaled
     return program.jit_compile is True
 
 
@@ -172,6 +177,7 @@ class TensorFlowBackend(Backend):
         if strategy is not None and strategy.num_replicas_in_sync > 1:
             return _distributed_train_function(program, batch_axis, strategy)
         compiled = {}
+        calls = [0]
 
         def step(*batch):
             return self.train_step(program, batch)
@@ -180,13 +186,15 @@ class TensorFlowBackend(Backend):
             if strategy is not None:
                 _outside_scope()
             signature = batch_signature(batch, batch_axis)
-            key = tuple((tuple(s.shape), s.dtype) for s in signature)
+            xla = _xla(program, calls[0])
+            key = tuple((tuple(s.shape), s.dtype) for s in signature) + (xla,)
             fn = compiled.get(key)
             if fn is None:
                 # Called as its concrete function: the key above already chose it (a `tf.function` call would
                 # bind and match the signature again, ~0.5 ms a step).
-                fn = compiled[key] = tf.function(step, input_signature=signature, jit_compile=_xla(program))
+                fn = compiled[key] = tf.function(step, input_signature=signature, jit_compile=xla)
                 fn.concrete = fn.get_concrete_function()
+            calls[0] += 1
             return fn.concrete(*batch)
 
         run.compiled = compiled

@@ -22,6 +22,7 @@ from keras.src.backend.common import global_state
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.torch import core as keras_torch
 
+from multicritic import backend as backend_contract
 from multicritic.backend import Backend, torch_replay, torch_step
 
 VIEW_OUTPUTS = ("logits", "value", "both")
@@ -339,10 +340,6 @@ class CriticPairModule(_AllOrNothingLoad, torch.nn.Module):
         self.critic.update_ema()
 
 
-# "auto" compiles a step kind at its this-many-th call. Counted in calls, not seconds, so that a run is
-# reproducible (compiled and eager steps round differently; a switch timed by the clock would move with the
-# machine's load). Short runs (tests, scripts) never compile; docs/performance.md gives the break-even.
-AUTO_COMPILE_AFTER_STEPS = 1000
 # What compiles a traced step: "inductor" (generated kernels), or "aten" (the traced graph run op by op:
 # tests that check what is captured need not wait for code generation).
 COMPILER = os.environ.get("MULTICRITIC_TORCH_COMPILER", "inductor")
@@ -358,7 +355,7 @@ class TrainFunction:
     graph.
 
     `jit_compile`: True compiles at the first call; False never; `"auto"`
-    at the `AUTO_COMPILE_AFTER_STEPS`-th call, falling back to eager (with a
+    at the `multicritic.backend.AUTO_COMPILE_AFTER_STEPS`-th call, falling back to eager (with a
     warning) if compilation fails, and not under a loss-scale optimizer
     (Keras's branches on the host). Data-parallel steps keep the loss eager
     (DDP's reducer hooks into autograd) and compile the update when asked.
@@ -382,7 +379,7 @@ class TrainFunction:
             return False
         if mode == "auto" and self.program.loss_scaled:
             return False  # Keras's loss-scale optimizer branches on the host: its update cannot be one graph
-        return mode is True or self.eager_steps >= AUTO_COMPILE_AFTER_STEPS
+        return mode is True or self.eager_steps >= backend_contract.AUTO_COMPILE_AFTER_STEPS
 
     def _eager(self, batch):
         self.eager_steps += 1

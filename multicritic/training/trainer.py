@@ -100,7 +100,9 @@ class CriticTrainer(CriticStep):
         epsilon: of the default Adam (1e-5).
         jit_compile: True, False or `"auto"` (the default: each backend's
             faster choice). TensorFlow: compile the `tf.function` step with
-            XLA (`"auto"`: no XLA). PyTorch: compile the whole step into
+            XLA (`"auto"`: a step kind's first 1000 calls as the plain
+            graph, then XLA; not under a loss-scale optimizer or a
+            distribution strategy). PyTorch: compile the whole step into
             one graph per batch shape (forward, backward and update, no host
             sync; inductor's kernels, a CUDA graph on a GPU); `"auto"` runs
             a step kind's first 1000 calls eagerly, then compiles it (see

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork, CriticTrainer
+from multicritic import backend as backend_contract
 from multicritic.multi_critic import MultiCritic
 from tests.conftest import BACKEND, randomize, to_np
 
@@ -150,7 +151,7 @@ def test_auto_runs_eagerly_then_compiles_at_a_fixed_step(monkeypatch, aot_eager)
     # A fixed step count, not a time: two runs switch at the same step and compute the same numbers.
     critic = make_critic("single")
     data = batches(critic, 4)["direct"]
-    monkeypatch.setattr(torch_backend, "AUTO_COMPILE_AFTER_STEPS", 3)
+    monkeypatch.setattr(backend_contract, "AUTO_COMPILE_AFTER_STEPS", 3)
     trainer = CriticTrainer(critic, jit_compile="auto")
     assert trainer.jit_compile == "auto"
     for args in data[:3]:
@@ -165,7 +166,7 @@ def test_auto_falls_back_to_eager_when_compilation_fails(monkeypatch, aot_eager)
     def broken(self, values, batch):
         raise RuntimeError("no compiler here")
 
-    monkeypatch.setattr(torch_backend, "AUTO_COMPILE_AFTER_STEPS", 0)
+    monkeypatch.setattr(backend_contract, "AUTO_COMPILE_AFTER_STEPS", 0)
     monkeypatch.setattr(torch_step.WholeStep, "_compile", broken)
     data = batches(make_critic("single"), 2)["direct"]
     reference = CriticTrainer(make_critic("single"), jit_compile=False)
@@ -181,7 +182,7 @@ def test_auto_falls_back_to_eager_when_compilation_fails(monkeypatch, aot_eager)
 
 
 def test_auto_stays_eager_under_a_loss_scale_optimizer(monkeypatch):
-    monkeypatch.setattr(torch_backend, "AUTO_COMPILE_AFTER_STEPS", 0)
+    monkeypatch.setattr(backend_contract, "AUTO_COMPILE_AFTER_STEPS", 0)
     critic = make_critic("single")
     trainer = CriticTrainer(critic, keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3)))
     for args in batches(critic, 2)["direct"]:
