@@ -177,10 +177,9 @@ class JaxBackend(Backend):
         # (forward passes, `predict_function`, a `var.value` held by a caller).
         compiled = jax.jit(step, donate_argnums=1)
 
-        def run(*batch):
+        def arguments(batch, direct):
             # Outside a caller's StatelessScope (and outside layer calls: no autocast) a variable's value is
             # its stored array: read without `Variable.value`'s scope lookups, as `_direct_assign` stores it.
-            direct = not in_stateless_scope()
             state, seen = [], set()
             for i, var in enumerate(variables):
                 value = var._value if direct else var.value
@@ -188,7 +187,11 @@ class JaxBackend(Backend):
                     value = value.copy()
                 seen.add(id(value))
                 state.append(value)
-            new_state, metrics = compiled(state[:n_shared], state[n_shared:], _shard_batch(batch, batch_axis))
+            return state[:n_shared], state[n_shared:], _shard_batch(batch, batch_axis)
+
+        def run(*batch):
+            direct = not in_stateless_scope()
+            new_state, metrics = compiled(*arguments(batch, direct))
             # The step's outputs have the variables' shapes and dtypes: stored without `assign`'s conversion
             # and checks (tens of microseconds per step), except inside a caller's StatelessScope.
             for var, value in zip(variables, new_state):
@@ -196,6 +199,8 @@ class JaxBackend(Backend):
             return metrics
 
         run.compiled = compiled
+        # The step lowered for `batch`, to inspect what XLA makes of it (`.compile().as_text()`).
+        run.lower = lambda *batch: compiled.lower(*arguments(batch, not in_stateless_scope()))
         return run
 
     def keras_train_step(self, model, program, state, batch):
