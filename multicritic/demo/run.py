@@ -19,6 +19,7 @@ across the states (`ScaleResult.member_spread_error_pearson` / `_spearman`).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
@@ -123,6 +124,10 @@ class Session:
         self.options = None if config.preset is None else presets.options(config.preset)
         self.critic = self.trainer = self.predict = None
         self._initial = None  # the trainer's state when new (optimizer slots, counters)
+        # Thousands of steps of one batch shape: the step is compiled from its first call on every backend
+        # ("auto" would run PyTorch's first 1000 eagerly, and TensorFlow's without XLA).
+        self.jit_compile = True
+        self._stepped = False
 
     def _new_critic(self) -> CriticNetwork:
         config, architecture = self.config, {}
@@ -153,17 +158,33 @@ class Session:
         else:
             optimizer = keras.optimizers.Adam(schedule, epsilon=1e-5)
         self.critic = fresh
-        # Thousands of steps of one batch shape: the step is compiled from its first call on every backend
-        # ("auto" would run PyTorch's first 1000 eagerly, and TensorFlow's without XLA).
         self.trainer = CriticTrainer(
             fresh,
             optimizer,
-            **{"gamma": config.gamma, "lambda_": config.lambda_, "jit_compile": True,
+            **{"gamma": config.gamma, "lambda_": config.lambda_, "jit_compile": self.jit_compile,
                "seed": config.seed if config.aggregation == "min_of_random" else None, **trainer_options},
         )
         self._initial = [np.array(keras.ops.convert_to_numpy(v.value))
                          for v in self.trainer.state_variables[len(fresh.weights):]]
         self.predict = predict_function(fresh)
+
+
+    def train_on_dream(self, *batch):
+        """One step. Where the step cannot be compiled here (PyTorch's inductor without a C++ compiler, say),
+        the first step warns and starts again from a fresh critic with `jit_compile="auto"`, which falls back
+        to the uncompiled step (a failed step changes nothing)."""
+        try:
+            metrics = self.trainer.train_on_dream(*batch)
+        except Exception as err:  # whatever the compiler raised; a second failure is raised
+            if self._stepped or self.jit_compile is not True:
+                raise
+            warnings.warn(f"multicritic demo: the step could not be compiled ({err}); it runs as "
+                          "jit_compile='auto' does.", RuntimeWarning, stacklevel=2)
+            self.jit_compile, self.critic = "auto", None
+            self.reset()
+            metrics = self.trainer.train_on_dream(*batch)
+        self._stepped = True
+        return metrics
 
 
 def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True,
@@ -172,7 +193,7 @@ def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, 
     rng = np.random.default_rng(config.seed + 1)
     session = Session(config) if session is None else session
     session.reset()
-    critic, trainer, predict, options = session.critic, session.trainer, session.predict, session.options
+    options = session.options
     normalizer = None if options is None else ReturnNormalizer(**options["normalizer"])
     true = mdp.values()
     bar = keras.utils.Progbar(config.steps, stateful_metrics=["rel_rmse"], verbose=1 if progress else 0)
@@ -180,7 +201,8 @@ def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, 
     start = time.perf_counter()
     for step in range(1, config.steps + 1):
         states, rewards, continues = mdp.rollouts(rng, rng.integers(mdp.num_states, size=config.batch), config.horizon)
-        trainer.train_on_dream(h[states], z[states], rewards, continues)
+        session.train_on_dream(h[states], z[states], rewards, continues)
+        critic, predict = session.critic, session.predict  # (new ones if the first step fell back)
         if normalizer is not None:
             flat = states.reshape(-1)
             values = predict(h[flat], z[flat])[0]

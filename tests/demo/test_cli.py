@@ -102,6 +102,33 @@ def test_dreamerv3_2024_preset_learns_every_scale():
         assert r.relative_rmse < 0.1, (r.reward_scale, r.relative_rmse)
 
 
+def test_a_step_that_cannot_be_compiled_falls_back_once(monkeypatch):
+    """The demo compiles its step from the first call; where that fails (PyTorch's inductor without a C++
+    compiler, say) it warns once and runs every scale as `jit_compile="auto"` does."""
+    import warnings
+
+    from multicritic import CriticTrainer
+
+    real = CriticTrainer.train_on_dream
+    modes = []
+
+    def refuse_compiled(self, *args, **kwargs):
+        modes.append(self.jit_compile)
+        if self.jit_compile is True:
+            raise RuntimeError("no C++ compiler")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CriticTrainer, "train_on_dream", refuse_compiled)
+    config = DemoConfig(size="nano", steps=3, num_states=8, scales=(1.0, 10.0), eval_every=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = run_demo(config, progress=False, log=lambda *_: None)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert [m for m in messages if "could not be compiled (no C++ compiler)" in m] == [messages[0]]
+    assert modes == [True] + ["auto"] * 6  # one refused step, then 3 steps per scale
+    assert all(math.isfinite(r.relative_rmse) for r in results)
+
+
 @pytest.mark.parametrize("aggregation", ["members", "min_of_random"])
 def test_other_aggregations_run(aggregation):
     config = DemoConfig(size="nano", steps=2, num_states=8, scales=(1.0,), eval_every=1, ensemble=2,
