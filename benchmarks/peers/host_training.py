@@ -119,6 +119,9 @@ def main(argv=None):
     else:
         import ray
 
+        # A cluster of this process only: no authentication token (`ray.init()` would write one to
+        # `~/.ray/auth_token`, which then turns token authentication on for every later Ray cluster here).
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         run = lambda swap: rllib_run(swap, args.iterations)  # noqa: E731
         host = "RLlib 2.60 DreamerV3 (CartPole-v1, nano, training_ratio 64, B 4, T 16)"

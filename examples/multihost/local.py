@@ -162,6 +162,9 @@ def main():
                             env={"TF_CONFIG": json.dumps(config)})
         else:
             port, client, *agents = free_ports(2 + 4 * n)
+            # Without token authentication: Ray turns it on for a cluster as soon as `~/.ray/auth_token` exists
+            # (a `ray.init()` elsewhere on this machine writes one), which this local cluster must not depend on.
+            ray_env = {"RAY_AUTH_MODE": "disabled"}
             ray = [python, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus=1", "--disable-usage-stats",
                    "--node-ip-address=127.0.0.1", "--object-store-memory=100000000"]
             for i in range(n):
@@ -174,14 +177,14 @@ def main():
                 ports = [f"--{name}-port={agents[4 * i + k]}" for k, name in enumerate(names)]
                 # Stopped at the end without draining (what `ray stop` does).
                 hosts.start(f"node {i}", ray + node + ports, ready="Ray runtime started",
-                            env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"})
+                            env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **ray_env})
                 cleanup.append(node_dir)
                 hosts.wait_ready(f"node {i}", timeout=120)
             storage = tempfile.mkdtemp(prefix="multicritic-ray-storage-")
             cleanup.append(storage)
             tags = ["driver"]
             hosts.start("driver", [python, os.path.join(HERE, "ray_train.py"), "--address", f"127.0.0.1:{port}",
-                                   "--workers", str(n), "--storage", storage, *example])
+                                   "--workers", str(n), "--storage", storage, *example], env=ray_env)
         hosts.wait(tags)
     finally:
         hosts.stop()
