@@ -145,9 +145,9 @@ def _trace(variables, fn, inputs, reference, values=None):
             gm = make_fx(pure, tracing_mode="fake")(*tensors, *examples)
         run, run_no_grad, source = _straight_line(gm)
         graph = _Graph(run, run_no_grad, source, tensors, "tuple" if isinstance(reference, tuple) else None)
+        args = [*(tensors if values is None else values), *inputs]
         with torch.no_grad():
-            runs = [graph.run(*graph.tensors if values is None else values, *inputs),
-                    graph.run_no_grad(*graph.tensors if values is None else values, *inputs)]
+            runs = [run(*args) for run in (graph.run, graph.run_no_grad)]
     except Exception:  # a data-dependent op, or an op the tracer does not know: this signature runs eagerly
         return _UNTRACEABLE
     want = reference if isinstance(reference, tuple) else (reference,)
