@@ -115,9 +115,23 @@ def _distributed_train_function(program: StepProgram, batch_axis, strategy):
     return run
 
 
+def _tracing_for_xla():
+    """Whether the graph being traced is compiled by XLA (a `tf.function(jit_compile=True)`): the check
+    TensorFlow's own control flow makes. False where that internal module is gone."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - a TensorFlow without it
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
 class TensorFlowBackend(Backend):
     name = "tensorflow"
-    lazy_fallbacks = True
+
+    @property
+    def lazy_fallbacks(self):
+        # A plain graph runs each op as a pass of its own; under XLA the fallback fuses into the same pass.
+        return not _tracing_for_xla()
 
     def detached(self, x):
         # TensorFlow differentiates only what a tape is asked for (the step's own tape: the critic's

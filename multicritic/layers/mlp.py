@@ -59,11 +59,20 @@ def _first_dense(dense, parts, scale, on_kernel):
         kernel = [kernel]
     out = None
     for part, rows in zip(parts, kernel):
-        term = ops.matmul(part, rows) if len(rows.shape) == 2 else ops.einsum(dense.equation, part, rows)
+        term = ops.matmul(part, rows) if len(rows.shape) == 2 else _shared_input_matmul(part, rows)
         out = term if out is None else out + term
     if dense.bias is not None:
         out = out + dense.bias * scale
     return out
+
+
+def _shared_input_matmul(x, kernels):
+    """`x [B, in]` times each of K stacked kernels `[K, in, units]`: `[B, K, units]`, as `einsum("bi,kio->bko")`.
+    Computed as one GEMM against the kernels' `[in, K * units]` view. An einsum costs more: TensorFlow's and XLA's
+    gradients transpose the `[B, K * units]` output gradient."""
+    members, rows, units = kernels.shape
+    wide = ops.reshape(ops.transpose(kernels, (1, 0, 2)), (rows, members * units))
+    return ops.reshape(ops.matmul(x, wide), (-1, members, units))
 
 
 def dense_layer(units, *, members=None, first=False, use_bias=False, kernel_initializer="glorot_uniform",
@@ -107,9 +116,11 @@ class MLP(keras.layers.Layer):
     it cannot overflow, nor can a LayerNorm's variance (see
     `LayerNormalization`); a quantized first Dense gets its input clipped to
     +-2^96 instead. The first Dense also takes its input in parts (a list,
-    e.g. `[h, flat_z]`): each part meets its own rows of the kernel, and the
-    concatenation is never made. With members the input must be `[B, in]` (rank 2: Keras's
-    EinsumDense quantization needs explicit equations).
+    e.g. `[h, flat_z]`): in one MLP each part meets its own rows of the
+    kernel and the concatenation is never made; an ensemble concatenates
+    them for one GEMM against all members' first kernels. With members the
+    input must be `[B, in]` (rank 2: Keras's EinsumDense quantization needs
+    explicit equations).
 
     Args:
         model_size: a DreamerV3 model size (see `get_model_dims`) giving the
@@ -251,8 +262,8 @@ class MLP(keras.layers.Layer):
         scale = 1.0 if self.clips_inputs else _FIRST_INPUT_SCALE
         # The scale goes where it costs less: on the input `[rows, in]` or on the kernel `[in, units]` (forward
         # and backward), from the backend's number of rows on (`Backend.kernel_scale_from_units`). On the
-        # kernel, each part meets its own rows (no concatenation) on every backend. (A symbolic batch, as in an
-        # export's trace, counts as large.)
+        # kernel, each part of a single critic's input meets its own rows (no concatenation) on every backend.
+        # (A symbolic batch, as in an export's trace, counts as large.)
         lead = parts[0].shape[:-1]
         rows = math.prod(lead) if all(type(d) is int for d in lead) else None
         current = backend.current()
@@ -260,7 +271,9 @@ class MLP(keras.layers.Layer):
         enough = (self.dense_hidden_units * (self.members or 1) if split and current.kernel_scale_from_units
                   else sum(int(p.shape[-1]) for p in parts))
         on_kernel = scale != 1.0 and (rows is None or rows >= enough)
-        if split and not on_kernel:
+        if split and (not on_kernel or self.members is not None):
+            # An ensemble's first layer is one wide GEMM: split, it is two GEMMs forward and backward whose
+            # kernel gradients XLA and Grappler transpose apart.
             parts = [ops.concatenate(parts, axis=-1)]
         if self._float16:
             x = _fit_float16(parts[0])

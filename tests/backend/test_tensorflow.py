@@ -67,3 +67,33 @@ def test_auto_switches_a_step_kind_to_xla_at_its_nth_call_with_the_same_values(m
     assert auto_losses[:2] == graph_losses[:2]  # the same graph before the switch
     for a, g in zip(auto_state, graph_state):
         np.testing.assert_allclose(a, g, rtol=1e-4, atol=1e-6)
+
+
+def test_the_layer_norm_fallback_is_a_cond_in_a_plain_graph_and_fused_under_xla():
+    # A plain graph runs the overflow fallback only in a cond's branch; under XLA the fallback's reduction is a
+    # sibling of the variance's (one fused pass), and a cond would split the fusion. Both give the exact
+    # normalisation of rows whose variance overflows float32, beside ordinary rows.
+    import tensorflow as tf
+
+    from multicritic import backend
+    from multicritic.layers.layer_norm import layer_norm
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(5, 16)) * np.array([[1.0], [1e30], [3.0], [1e20], [1e-3]])).astype(np.float32)
+    gamma, beta = rng.normal(size=16).astype(np.float32), rng.normal(size=16).astype(np.float32)
+    wide = x.astype(np.float64)
+    expected = (wide - wide.mean(-1, keepdims=True)) / np.sqrt(wide.var(-1, keepdims=True) + 1e-3) * gamma + beta
+    seen = {}
+
+    def fn(x):
+        seen[len(seen)] = backend.current().lazy_fallbacks
+        return layer_norm(x, tf.constant(gamma), tf.constant(beta), 1e-3)
+
+    assert backend.current().lazy_fallbacks  # eagerly
+    for jit_compile in (False, True):
+        f = tf.function(fn, jit_compile=jit_compile)
+        got = f(tf.constant(x)).numpy()
+        np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
+        ops = {op.type for op in f.get_concrete_function(tf.constant(x)).graph.get_operations()}
+        assert ("StatelessIf" in ops or "If" in ops) == (not jit_compile), sorted(ops)
+    assert seen == {0: True, 1: False}
