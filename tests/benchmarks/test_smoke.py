@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import BACKEND
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,3 +78,29 @@ def test_export_latency_benchmark_runs(tmp_path):
         (f, b) for f in ("keras",) + SUPPORTED[BACKEND] for b in (1, 4)
     )
     assert all(r["ms"] > 0 for r in records)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch forward views")
+def test_forward_views_benchmark_runs(tmp_path):
+    out = tmp_path / "views.json"
+    subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "forward_views.py"), "--case", "nano:2",
+         "--repeats", "1", "--block-seconds", "0.01", "--json", str(out)],
+        check=True, cwd=ROOT, env={**os.environ, "KERAS_BACKEND": "torch"},
+    )
+    records = json.loads(out.read_text())
+    assert {r["entry"] for r in records} >= {"fast_module(latent)", "critic(h, z)"}
+    assert all(r["ours_us"] > 0 and r["native_us"] > 0 for r in records)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch forward views")
+def test_overflow_guard_variants_compute_the_same_values():
+    # Each guard changes no value of an ordinary input: the variants timed differ only in their cost.
+    import torch
+
+    from benchmarks.ours.overflow_guard_cost import variants
+
+    with torch.no_grad():
+        outputs = {name: fn() for name, fn in variants(8).items()}
+    for name, out in outputs.items():
+        torch.testing.assert_close(out, outputs["no guard"], rtol=1e-5, atol=1e-5, msg=name)
