@@ -106,8 +106,8 @@ class Backend(abc.ABC):
     # scale and concatenation into the matmul's operand; TensorFlow's graph measured so too).
     kernel_scale_from_units: bool = False
     # An overflow guard's fallback (the LayerNorm's variance of a row past float32) in a cond, computed only for
-    # a batch that needs it: graph-mode TensorFlow runs each op as a pass of its own; XLA fuses the fallback's
-    # reduction into the same pass, and a cond would split the fusion.
+    # a batch that needs it: graph-mode TensorFlow runs each op as a pass of its own; under XLA a cond splits
+    # the fusions around it and materialises its operands (TensorFlow's backend answers per trace).
     lazy_fallbacks: bool = False
 
     @property

@@ -130,7 +130,9 @@ class TensorFlowBackend(Backend):
 
     @property
     def lazy_fallbacks(self):
-        # A plain graph runs each op as a pass of its own; under XLA the fallback fuses into the same pass.
+        # A plain graph runs each op as a pass of its own, so the fallback waits in a cond; under XLA a cond
+        # splits the fusions around it and materialises its operands, and the fallback beside the variance
+        # costs less.
         return not _tracing_for_xla()
 
     def detached(self, x):

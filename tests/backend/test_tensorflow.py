@@ -70,9 +70,9 @@ def test_auto_switches_a_step_kind_to_xla_at_its_nth_call_with_the_same_values(m
 
 
 def test_the_layer_norm_fallback_is_a_cond_in_a_plain_graph_and_fused_under_xla():
-    # A plain graph runs the overflow fallback only in a cond's branch; under XLA the fallback's reduction is a
-    # sibling of the variance's (one fused pass), and a cond would split the fusion. Both give the exact
-    # normalisation of rows whose variance overflows float32, beside ordinary rows.
+    # A plain graph runs the overflow fallback only in a cond's branch; under XLA it is computed beside the
+    # variance (a cond would split XLA's fusions). Both give the exact normalisation of rows whose variance
+    # overflows float32, beside ordinary rows.
     import tensorflow as tf
 
     from multicritic import backend
