@@ -28,7 +28,7 @@ def batch_signature(batch, batch_axis):
     return specs
 
 
-def _xla(program: StepProgram, calls: int = 0) -> bool:
+def _xla(program: StepProgram, calls: int) -> bool:
     """Whether the step compiles with XLA: when asked, and under `"auto"` from a step kind's
     `AUTO_COMPILE_AFTER_STEPS`-th call on (XLA's fused step is faster than the plain graph's op-by-op kernels
     at the critic's sizes; before, no XLA compilation per batch shape for a short run), unless loss-scaled
@@ -83,7 +83,8 @@ def _distributed_train_function(program: StepProgram, batch_axis, strategy):
             scaled = program.scale_loss(loss) / replicas
         return tape.gradient(scaled, list(program.trainable)), metrics
 
-    @tf.function(jit_compile=_xla(program), reduce_retracing=True)
+    # One function for every call of a distributed run: `"auto"` keeps it the plain graph.
+    @tf.function(jit_compile=_xla(program, calls=0), reduce_retracing=True)
     def step(*batch):
         grads, metrics = strategy.run(replica_step, args=batch)
         grads = [strategy.reduce(sum_, g, axis=None) for g in grads]
