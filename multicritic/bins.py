@@ -414,8 +414,14 @@ def expected_value(
         diff = probs[..., num_buckets - m :] - ops.flip(probs[..., :m], axis=-1)
         table, skewed = pairs
         table = constant(table)
-        bucket = ops.where(diff > 0.0, table[m:], table[:m]) if skewed else table[:m]
-        mean = ops.sum(diff * bucket, axis=-1)
+        if skewed:
+            # `where(diff > 0, diff * b_hi, diff * -b_lo)` to the bit (one of the two terms is +0), without a
+            # comparison and a select: eager PyTorch runs those at a quarter of a multiply's speed.
+            above = ops.relu(diff)
+            terms = above * table[m:] + (diff - above) * table[:m]
+        else:
+            terms = diff * table[:m]
+        mean = ops.sum(terms, axis=-1)
     return mean if bin_scheme == "uniform_symlog" else symlog(mean)
 
 

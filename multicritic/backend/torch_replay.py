@@ -9,11 +9,24 @@ ops as straight-line Python: the same kernels, in the same order, on the
 critic's own parameter tensors, so values are bit-identical to the Keras
 call and autograd records the same graph. A trace that cannot be made (a
 data-dependent op) or does not reproduce the eager outputs is never used.
+
+On the CPU each signature is also traced without the MLP's overflow guards
+(`guard_scope`), which cost a small critic's pass about a sixth of its time
+and change no value unless a row is far outside float32's range. That pass
+runs first and checks its normalisations' own row statistics: each row's
+`|mean| + sqrt(units) / rstd` bounds its largest entry, and where every
+bound is below 2^55 (NaN and overflow fail it) no guard would have acted and
+the pass's outputs are those of the guarded one (the first Dense's 2^-32 is
+a power of two: exact, but for products below float32's normal range, which
+the guarded pass rounds and this one keeps). Otherwise the guarded pass
+runs. On other devices the check's read-back would wait for the device
+(and break a CUDA graph's capture): they run the guarded pass.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import threading
 import warnings
 import weakref
@@ -26,6 +39,8 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from multicritic.backend import guard_scope
+
 # Off: every call runs the Keras ops (for debugging, or to compare against).
 ENABLED = True
 # Distinct input signatures traced per critic; past this many, a new signature runs eagerly (a host whose
@@ -34,6 +49,10 @@ MAX_SIGNATURES = 64
 _UNTRACEABLE = object()
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
 _DROPPED = (torch.ops.aten.lift_fresh_copy.default,)
+# A row whose `|mean| + sqrt(units) / rstd` stays below this has no entry past the fused normalisations'
+# guard limit (2^56; one power of two of margin for the statistics' rounding), in the guarded pass or the
+# unguarded one (whose first normalisation sees rows 2^32 times the guarded pass's).
+_ROW_BOUND = 2.0**55
 
 # Per owner, by id: a dict lookup per call (a WeakKeyDictionary makes a weak reference at every lookup). An
 # owner's entry goes when the owner does (`weakref.finalize`), before its id can be reused.
@@ -122,10 +141,17 @@ class _Graph:
         self.source = source  # the generated Python, for inspection
         self.tensors = tensors
         self.structure = structure
+        # The pass without overflow guards, which returns None where its row check fails (or None: none).
+        self.unguarded = self.unguarded_no_grad = self.unguarded_source = None
 
     def __call__(self, inputs, values=None):
-        run = self.run if torch.is_grad_enabled() else self.run_no_grad
-        out = run(*(self.tensors if values is None else values), *inputs)
+        args = (*(self.tensors if values is None else values), *inputs)
+        grad = torch.is_grad_enabled()
+        out = None
+        if self.unguarded is not None:
+            out = (self.unguarded if grad else self.unguarded_no_grad)(*args)
+        if out is None:
+            out = (self.run if grad else self.run_no_grad)(*args)
         return out if self.structure is None else tuple(out)
 
 
@@ -139,32 +165,60 @@ def _trace(variables, fn, inputs, reference, values=None):
         return list(out) if isinstance(out, tuple) else out
 
     examples = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in inputs]
-    try:
+    args = [*(tensors if values is None else values), *inputs]
+
+    def fx():
         with torch.inference_mode(False), torch.enable_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            gm = make_fx(pure, tracing_mode="fake")(*tensors, *examples)
-        run, run_no_grad, source = _straight_line(gm)
+            return make_fx(pure, tracing_mode="fake")(*tensors, *examples)
+
+    try:
+        run, run_no_grad, source = _straight_line(fx())
         graph = _Graph(run, run_no_grad, source, tensors, "tuple" if isinstance(reference, tuple) else None)
-        args = [*(tensors if values is None else values), *inputs]
         with torch.no_grad():
             runs = [run(*args) for run in (graph.run, graph.run_no_grad)]
     except Exception:  # a data-dependent op, or an op the tracer does not know: this signature runs eagerly
         return _UNTRACEABLE
-    want = reference if isinstance(reference, tuple) else (reference,)
-    for got in runs:
-        got = tuple(got) if isinstance(got, list) else (got,)
-        if not (len(got) == len(want) and all(g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w.detach())
-                                              for g, w in zip(got, want))):
-            return _UNTRACEABLE
+    if not all(_same(got, reference) for got in runs):
+        return _UNTRACEABLE
+    if all(x.device.type == "cpu" for x in args):
+        _add_unguarded(graph, fx, args, reference)
     return graph
 
 
-def _straight_line(gm):
+def _add_unguarded(graph, fx, args, reference):
+    """Gives `graph` its pass without overflow guards, where one can be traced whose row checks cover every
+    guard left out, and which (with its check passed) reproduces the reference on the traced call's inputs."""
+    try:
+        with guard_scope.without_guards() as record:
+            gm = fx()
+        if not record.normalizations or record.unchecked:
+            return
+        run, run_no_grad, source = _straight_line(gm, checked=record.normalizations)
+        with torch.no_grad():
+            runs = [fn(*args) for fn in (run, run_no_grad)]
+    except Exception:  # no such pass: the guarded one serves every call
+        return
+    if all(got is not None and _same(got, reference) for got in runs):
+        graph.unguarded, graph.unguarded_no_grad, graph.unguarded_source = run, run_no_grad, source
+
+
+def _same(got, reference) -> bool:
+    want = reference if isinstance(reference, tuple) else (reference,)
+    got = tuple(got) if isinstance(got, list) else (got,)
+    return len(got) == len(want) and all(g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w.detach())
+                                         for g, w in zip(got, want))
+
+
+def _straight_line(gm, checked=0):
     """The graph's ops as Python functions calling each op directly (no FX interpreter, no `OpOverload` frame
     per op), with shape-preserving views and constant copies dropped: `(run, run_no_grad, source)`, the second
     without the `detach`es (which only cut autograd's record). An op is called through its `torch.<name>`
     binding where it has one (the same kernel, and a cheaper call than the boxed one that takes a schema's
-    arguments from Python, most of all Python scalars), else through its overload's C++ entry."""
+    arguments from Python, most of all Python scalars), else through its overload's C++ entry.
+
+    `checked`: the graph was traced without overflow guards and has this many layer normalisations to check;
+    the functions return None for a call where a row's statistics fail the check (`_ROW_BOUND`)."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -174,6 +228,9 @@ def _straight_line(gm):
             graph.erase_node(node)
     graph.eliminate_dead_code()
     _fold_constants(gm)
+    checks = _row_statistics(graph) if checked else []
+    if len(checks) != checked:
+        raise ValueError(f"expected {checked} layer normalisations to check, found {len(checks)}")
     names, scope, lines, no_grad, params = {}, {}, [], [], []
 
     def ref(x):
@@ -203,12 +260,18 @@ def _straight_line(gm):
             lines.append(f"{name} = _f{i}({', '.join(args)})  # {target}")
             no_grad.append(f"{name} = {args[0]}" if target is torch.ops.aten.detach.default else lines[-1])
         elif node.op == "output":
+            for j, (mean, rstd, units) in enumerate(checks):
+                scope[f"_units{j}"] = torch.tensor(math.sqrt(units), dtype=torch.float32)
+                lines.append(f"if not _amax(_addcdiv(_abs({names[mean]}), _units{j}, {names[rstd]})).item() "
+                             f"<= {_ROW_BOUND!r}: return None")
+                no_grad.append(lines[-1])
             lines.append(f"return {ref(node.args[0])}")
             no_grad.append(lines[-1])
         else:
             raise ValueError(f"unexpected graph node {node.op}")
     source = "".join(f"def {fn}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
                      for fn, body in (("run", lines), ("run_no_grad", no_grad)))
+    scope.update(_amax=torch.amax, _addcdiv=torch.addcdiv, _abs=torch.abs)
     exec(compile(source, "<multicritic replay>", "exec"), scope)
     return scope["run"], scope["run_no_grad"], source
 
@@ -226,6 +289,20 @@ def _callable(target, has_kwargs):
         if binding is not None:
             return binding
     return target._op
+
+
+def _row_statistics(graph):
+    """`[(mean node, rstd node, units)]` of each `native_layer_norm` in `graph`, made available before its
+    output."""
+    output = next(node for node in graph.nodes if node.op == "output")
+    found = []
+    for node in list(graph.nodes):
+        if node.target is torch.ops.aten.native_layer_norm.default:
+            with graph.inserting_before(output):
+                mean = graph.call_function(operator.getitem, (node, 1))
+                rstd = graph.call_function(operator.getitem, (node, 2))
+            found.append((mean, rstd, math.prod(node.args[1])))
+    return found
 
 
 def _fold_constants(gm):

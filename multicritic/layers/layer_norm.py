@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from multicritic import backend
+from multicritic.backend import guard_scope
 from multicritic.layers.row_scale import row_scale
 from multicritic.validation import cast_to
 
@@ -38,6 +39,8 @@ def layer_norm(x, gamma, beta, epsilon, center=True):
     x = ops.cast(x, "float32") if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16") else x
     if backend.current().fused_norms:
         return _fused_norm(x, gamma, beta, epsilon, center)
+    if guard_scope.left_out() is not None:
+        guard_scope.left_out().unchecked += 1  # no row statistics to check: the runtime keeps the guards
     centered = x - ops.mean(x, axis=-1, keepdims=True) if center else x
     variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
     if backend.current().lazy_fallbacks:
@@ -64,7 +67,11 @@ def _inv_std(centered, variance, epsilon):
 def _fused_norm(x, gamma, beta, epsilon, center):
     """`layer_norm` through Keras's one-kernel ops; rows past `_FUSED_LIMIT` are scaled down to it first
     (exactly 1 for the others), which changes their output only through epsilon, which their variance dwarfs."""
-    x = x * row_scale(x, _FUSED_LIMIT)
+    unguarded = guard_scope.left_out()
+    if unguarded is None:
+        x = x * row_scale(x, _FUSED_LIMIT)
+    else:
+        unguarded.normalizations += 1  # the runtime checks this normalisation's row statistics instead
     # Per-feature gamma and beta go into the kernel; an ensemble's per-member ones (and Python numbers) after it.
     scale, offset = _per_feature(gamma), (_per_feature(beta) if center else None)
     y = ops.layer_normalization(x, scale, offset, epsilon=epsilon) if center else ops.rms_normalization(

@@ -10,6 +10,7 @@ import numpy as np
 from keras import ops
 
 from multicritic import backend
+from multicritic.backend import guard_scope
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.initializers import MemberwiseInitializer
 from multicritic.layers.layer_norm import LayerNormalization
@@ -48,7 +49,9 @@ def _first_dense(dense, parts, scale, on_kernel):
     of the kernel (no concatenation is made), the scale on the input or (`on_kernel`) on the kernel, and on
     the bias. Powers of two scale exactly, so either way the products are those of the scaled input."""
     kernel = dense.kernel  # a Python float scale keeps each tensor's (autocast) dtype
-    if on_kernel:
+    if scale == 1.0:
+        pass  # traced without guards (see `multicritic.backend.guard_scope`)
+    elif on_kernel:
         kernel = kernel * scale
     else:
         parts = [p * scale for p in parts]
@@ -62,7 +65,7 @@ def _first_dense(dense, parts, scale, on_kernel):
         term = ops.matmul(part, rows) if len(rows.shape) == 2 else _shared_input_matmul(part, rows)
         out = term if out is None else out + term
     if dense.bias is not None:
-        out = out + dense.bias * scale
+        out = out + (dense.bias if scale == 1.0 else dense.bias * scale)
     return out
 
 
@@ -115,7 +118,10 @@ class MLP(keras.layers.Layer):
     times 2^-32 (its LayerNorm on epsilon times 2^-64: the same output), so
     it cannot overflow, nor can a LayerNorm's variance (see
     `LayerNormalization`); a quantized first Dense gets its input clipped to
-    +-2^96 instead. The first Dense also takes its input in parts (a list,
+    +-2^96 instead. (A runtime that checks each call's row statistics
+    may trace the layers without these guards; see
+    `multicritic.backend.guard_scope`.) The first Dense also takes its
+    input in parts (a list,
     e.g. `[h, flat_z]`): in one MLP each part meets its own rows of the
     kernel and the concatenation is never made; an ensemble concatenates
     them for one GEMM against all members' first kernels. With members the
@@ -259,7 +265,10 @@ class MLP(keras.layers.Layer):
 
     def call(self, inputs):
         parts = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-        scale = 1.0 if self.clips_inputs else _FIRST_INPUT_SCALE
+        # A runtime that checks each call's row statistics instead may trace without the guards.
+        clips = self.clips_inputs
+        unguarded = not clips and guard_scope.left_out() is not None
+        scale = 1.0 if clips or unguarded else _FIRST_INPUT_SCALE
         # The scale goes where it costs less: on the input `[rows, in]` or on the kernel `[in, units]` (forward
         # and backward), from the backend's number of rows on (`Backend.kernel_scale_from_units`). On the
         # kernel, each part of a single critic's input meets its own rows (no concatenation) on every backend.
@@ -270,17 +279,17 @@ class MLP(keras.layers.Layer):
         split = len(parts) > 1
         enough = (self.dense_hidden_units * (self.members or 1) if split and current.kernel_scale_from_units
                   else sum(int(p.shape[-1]) for p in parts))
-        on_kernel = scale != 1.0 and (rows is None or rows >= enough)
+        on_kernel = unguarded or (scale != 1.0 and (rows is None or rows >= enough))
         if split and (not on_kernel or self.members is not None):
             # An ensemble's first layer is one wide GEMM: split, it is two GEMMs forward and backward whose
             # kernel gradients XLA and Grappler transpose apart.
             parts = [ops.concatenate(parts, axis=-1)]
         if self._float16:
             x = _fit_float16(parts[0])
-        elif scale == 1.0:
+        elif clips:
             x = ops.clip(parts[0], -_INPUT_LIMIT, _INPUT_LIMIT)
         for i, (dense, norm) in enumerate(zip(self.dense_layers, self.layer_normalizations)):
-            if i == 0 and scale != 1.0:
+            if i == 0 and not clips:
                 x = _first_dense(dense, parts, scale, on_kernel)
             else:
                 x = call_layer(dense, x)

@@ -108,14 +108,17 @@ def test_a_view_replays_its_own_graph_and_no_grad_calls_skip_the_detaches():
     grad_lines = [line for line in graph.source.split("def run_no_grad")[0].splitlines() if "aten.detach" in line]
     no_grad_lines = graph.source.split("def run_no_grad")[1]
     assert grad_lines and "aten.detach" not in no_grad_lines  # the row guard's stop-gradient, autograd only
-    calls = []
-    original = graph.run_no_grad
-    graph.run_no_grad = lambda *args: calls.append(1) or original(*args)
-    with torch.no_grad():
+    for run in ("unguarded", "run"):  # the pass without guards first (on the CPU), then the guarded one
+        calls = []
+        original = getattr(graph, run + "_no_grad")
+        setattr(graph, run + "_no_grad", lambda *args: calls.append(1) or original(*args))
+        with torch.no_grad():
+            assert_bit_identical(view(latent), want)
+        assert calls == [1]
         assert_bit_identical(view(latent), want)
-    assert calls == [1]
-    assert_bit_identical(view(latent), want)
-    assert calls == [1]  # autograd on: the run with the detaches
+        assert calls == [1]  # autograd on: the run with the detaches
+        setattr(graph, run + "_no_grad", original)
+        graph.unguarded = graph.unguarded_no_grad = None
     # Ops are called through their bindings (`torch.mm`) where one exists, else through the overload's entry.
     assert torch_replay._callable(torch.ops.aten.mm.default, False) is torch.mm
     assert torch_replay._callable(torch.ops.aten.view.default, False) == torch.ops.aten.view.default._op
@@ -190,3 +193,85 @@ def test_inputs_are_still_checked_and_non_tensors_take_the_keras_path():
     assert_bit_identical(numpy_out, critic(h, z))
     with keras.StatelessScope():  # the Keras path (a stateless call reads mapped values)
         assert_bit_identical(critic(h, z), keras_path(lambda: critic(h, z)))
+
+
+def unguarded_result(graph, critic, inputs):
+    """What the traced pass without guards returns for `inputs` under no_grad (None: its row check failed)."""
+    with torch.no_grad():
+        return graph.unguarded_no_grad(*graph.tensors, *inputs)
+
+
+SCALES = (1e17, 1e20, 1e30, 1e37)  # rows whose first layer reaches past the check's bound (2^55)
+
+
+@pytest.mark.parametrize("options", ["default", "ensemble"])
+def test_rows_past_the_guards_range_run_the_guarded_pass(options):
+    critic, latent, _, _ = critic_and_inputs(**OPTIONS[options])
+    latent = latent.reshape(-1, critic.latent_size)
+    critic.on_latent(latent)  # traced
+    (graph,) = torch_replay.graphs(critic).values()
+    assert graph.unguarded is not None and unguarded_result(graph, critic, [latent]) is not None
+    for scale in SCALES:
+        big = latent.clone()
+        big[1] *= scale  # one row far out; the others as before
+        want = keras_path(lambda: critic.on_latent(big))
+        assert all(torch.isfinite(t).all() for t in leaves(want))  # the guards' promise
+        assert unguarded_result(graph, critic, [big]) is None, scale  # the check sends it to the guarded pass
+        assert_bit_identical(critic.on_latent(big), want)
+        with torch.no_grad():
+            assert_bit_identical(critic.on_latent(big), want)
+    # Large rows within the check's bound: the unguarded pass's own outputs, to the bit.
+    for scale in (1e6, 1e10):
+        moderate = latent * scale
+        assert unguarded_result(graph, critic, [moderate]) is not None
+        assert_bit_identical(critic.on_latent(moderate), keras_path(lambda: critic.on_latent(moderate)))
+
+
+def test_a_non_finite_input_gives_what_the_keras_call_gives():
+    critic, latent, _, _ = critic_and_inputs()
+    latent = latent.reshape(-1, critic.latent_size)
+    critic.on_latent(latent)
+    (graph,) = torch_replay.graphs(critic).values()
+    for bad in (float("nan"), float("inf")):
+        x = latent.clone()
+        x[2, 3] = bad
+        assert unguarded_result(graph, critic, [x]) is None
+        for got, want in zip(leaves(critic.on_latent(x)), leaves(keras_path(lambda: critic.on_latent(x)))):
+            assert torch.equal(torch.isnan(got), torch.isnan(want))
+            assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+
+
+def test_gradients_of_rows_past_the_range_are_the_keras_calls():
+    critic, latent, _, _ = critic_and_inputs(seed=3)
+    latent = latent.reshape(-1, critic.latent_size)
+    critic.on_latent(latent)
+    params = [v.value for v in critic.weights if v.value.requires_grad]
+    big = latent.clone()
+    big[0] *= 1e25
+
+    def grads():
+        value, logits = critic.on_latent(big)
+        return torch.autograd.grad(value.sum() + logits.square().sum(), params, allow_unused=True)
+
+    got, want = grads(), keras_path(grads)
+    assert_bit_identical([g for g in got if g is not None], [w for w in want if w is not None])
+
+
+def test_a_first_call_past_the_range_keeps_the_guarded_pass_only():
+    critic, latent, _, _ = critic_and_inputs()
+    latent = latent.reshape(-1, critic.latent_size)
+    big = latent * 1e30
+    critic.on_latent(big)  # traced on rows the unguarded pass cannot take: it cannot be checked against them
+    (graph,) = torch_replay.graphs(critic).values()
+    assert graph.unguarded is None
+    assert_bit_identical(critic.on_latent(latent), keras_path(lambda: critic.on_latent(latent)))
+
+
+def test_normalisations_without_row_statistics_keep_their_guards():
+    # RMS normalisation decomposes into plain ops when traced: no row statistics to check.
+    critic, latent, _, _ = critic_and_inputs(norm="rms")
+    critic.on_latent(latent)
+    (graph,) = torch_replay.graphs(critic).values()
+    assert graph.unguarded is None
+    big = latent * 1e30
+    assert_bit_identical(critic.on_latent(big), keras_path(lambda: critic.on_latent(big)))
