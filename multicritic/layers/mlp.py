@@ -121,10 +121,10 @@ class MLP(keras.layers.Layer):
     +-2^96 instead. (A runtime that checks each call's row statistics
     may trace the layers without these guards; see
     `multicritic.backend.guard_scope`.) The first Dense also takes its
-    input in parts (a list,
-    e.g. `[h, flat_z]`): in one MLP each part meets its own rows of the
-    kernel and the concatenation is never made; an ensemble concatenates
-    them for one GEMM against all members' first kernels. With members the
+    input in parts (a list, e.g. `[h, flat_z]`): in one MLP each part meets
+    its own rows of the kernel and the concatenation is never made; an
+    ensemble concatenates them for one GEMM against all members' first
+    kernels. With members the
     input must be `[B, in]` (rank 2: Keras's EinsumDense quantization needs
     explicit equations).
 
