@@ -19,7 +19,6 @@ size that trade.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -73,24 +72,9 @@ def variants(batch, in_dim=1280, units=256, buckets=255):
 
 
 def main(argv=None):
-    import torch
+    from benchmarks.ours.forward_views import variants_main
 
-    from benchmarks.ours.forward_views import time_pair
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, nargs="+", default=[256])
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--block-seconds", type=float, default=0.3)
-    args = parser.parse_args(argv)
-    print("| batch | decode | µs | plain µs | difference µs |\n|---:|---|---:|---:|---:|")
-    with torch.no_grad():
-        for batch in args.batch:
-            fns = variants(batch)
-            for name, fn in fns.items():
-                if name == "plain":
-                    continue
-                t, base = time_pair(fn, fns["plain"], args.repeats, args.block_seconds)
-                print(f"| {batch} | {name} | {t * 1e6:.1f} | {base * 1e6:.1f} | {(t - base) * 1e6:+.1f} |")
+    variants_main(__doc__, variants, 'plain', 'decode', argv)
 
 
 if __name__ == "__main__":

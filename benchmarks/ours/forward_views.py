@@ -85,6 +85,28 @@ def time_pair(ours, native, repeats, block_seconds):
     return statistics.median(times["ours"]), statistics.median(times["native"])
 
 
+def variants_main(doc, variants, baseline, column, argv=None):
+    """The command line of a script timing hand-written variants of a forward pass (`variants(batch) ->
+    {name: fn}`) against its `baseline` entry, under `torch.no_grad()`: a markdown table, one row per variant
+    and batch (`column`: the header of the variant's name)."""
+    import torch
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[256])
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--block-seconds", type=float, default=0.3)
+    args = parser.parse_args(argv)
+    print(f"| batch | {column} | µs | {baseline} µs | difference µs |\n|---:|---|---:|---:|---:|")
+    with torch.no_grad():
+        for batch in args.batch:
+            fns = variants(batch)
+            for name, fn in fns.items():
+                if name == baseline:
+                    continue
+                t, base = time_pair(fn, fns[baseline], args.repeats, args.block_seconds)
+                print(f"| {batch} | {name} | {t * 1e6:.1f} | {base * 1e6:.1f} | {(t - base) * 1e6:+.1f} |")
+
+
 def run(cases, repeats, block_seconds):
     import torch
 

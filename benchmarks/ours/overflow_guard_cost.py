@@ -16,7 +16,6 @@ an input that stays in the CPU's caches.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -52,24 +51,9 @@ def variants(batch, in_dim=1280, units=256, buckets=255):
 
 
 def main(argv=None):
-    import torch
+    from benchmarks.ours.forward_views import variants_main
 
-    from benchmarks.ours.forward_views import time_pair
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, nargs="+", default=[256])
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--block-seconds", type=float, default=0.3)
-    args = parser.parse_args(argv)
-    print("| batch | variant | µs | no guard µs | difference µs |\n|---:|---|---:|---:|---:|")
-    with torch.no_grad():
-        for batch in args.batch:
-            fns = variants(batch)
-            for name, fn in fns.items():
-                if name == "no guard":
-                    continue
-                t, base = time_pair(fn, fns["no guard"], args.repeats, args.block_seconds)
-                print(f"| {batch} | {name} | {t * 1e6:.1f} | {base * 1e6:.1f} | {(t - base) * 1e6:+.1f} |")
+    variants_main(__doc__, variants, 'no guard', 'variant', argv)
 
 
 if __name__ == "__main__":

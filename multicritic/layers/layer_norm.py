@@ -39,8 +39,9 @@ def layer_norm(x, gamma, beta, epsilon, center=True):
     x = ops.cast(x, "float32") if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16") else x
     if backend.current().fused_norms:
         return _fused_norm(x, gamma, beta, epsilon, center)
-    if guard_scope.left_out() is not None:
-        guard_scope.left_out().unchecked += 1  # no row statistics to check: the runtime keeps the guards
+    unguarded = guard_scope.left_out()
+    if unguarded is not None:
+        unguarded.unchecked += 1  # no row statistics to check: the runtime keeps the guards
     centered = x - ops.mean(x, axis=-1, keepdims=True) if center else x
     variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
     if backend.current().lazy_fallbacks:

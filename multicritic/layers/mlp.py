@@ -124,9 +124,8 @@ class MLP(keras.layers.Layer):
     input in parts (a list, e.g. `[h, flat_z]`): in one MLP each part meets
     its own rows of the kernel and the concatenation is never made; an
     ensemble concatenates them for one GEMM against all members' first
-    kernels. With members the
-    input must be `[B, in]` (rank 2: Keras's EinsumDense quantization needs
-    explicit equations).
+    kernels. With members the input must be `[B, in]` (rank 2: Keras's
+    EinsumDense quantization needs explicit equations).
 
     Args:
         model_size: a DreamerV3 model size (see `get_model_dims`) giving the
