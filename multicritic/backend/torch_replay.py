@@ -218,7 +218,8 @@ def _straight_line(gm, checked=0):
     arguments from Python, most of all Python scalars), else through its overload's C++ entry.
 
     `checked`: the graph was traced without overflow guards and has this many layer normalisations to check;
-    the functions return None for a call where a row's statistics fail the check (`_ROW_BOUND`)."""
+    the functions return None for a call where a row's statistics fail the check (`_ROW_BOUND`), as soon as
+    that normalisation has run."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -232,6 +233,19 @@ def _straight_line(gm, checked=0):
     if len(checks) != checked:
         raise ValueError(f"expected {checked} layer normalisations to check, found {len(checks)}")
     names, scope, lines, no_grad, params = {}, {}, [], [], []
+    # Each intermediate is dropped after its last use, as eager code drops its temporaries: the allocator
+    # then hands the next op the block just freed, still in cache, instead of a cold one.
+    stats = {rstd: j for j, (_, rstd, _) in enumerate(checks)}
+    last_use, order = {}, {node: i for i, node in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        for source in node.all_input_nodes:
+            last_use[source] = node
+    for mean, rstd, _ in checks:
+        last_use[mean] = last_use[rstd] = rstd
+    dropped_after = {}
+    for source, user in last_use.items():
+        if source.op == "call_function" and user.op != "output":
+            dropped_after.setdefault(user, []).append(source)
 
     def ref(x):
         if isinstance(x, torch.fx.Node):
@@ -259,12 +273,18 @@ def _straight_line(gm, checked=0):
             args = [ref(a) for a in node.args] + [f"{k}={ref(v)}" for k, v in node.kwargs.items()]
             lines.append(f"{name} = _f{i}({', '.join(args)})  # {target}")
             no_grad.append(f"{name} = {args[0]}" if target is torch.ops.aten.detach.default else lines[-1])
-        elif node.op == "output":
-            for j, (mean, rstd, units) in enumerate(checks):
+            if node in stats:  # a normalisation's statistics, checked as soon as they exist
+                j = stats[node]
+                mean, rstd, units = checks[j]
                 scope[f"_units{j}"] = torch.tensor(math.sqrt(units), dtype=torch.float32)
                 lines.append(f"if not _amax(_addcdiv(_abs({names[mean]}), _units{j}, {names[rstd]})).item() "
                              f"<= {_ROW_BOUND!r}: return None")
                 no_grad.append(lines[-1])
+            dead = sorted(dropped_after.get(node, ()), key=order.__getitem__)
+            if dead:
+                lines.append(f"del {', '.join(names[d] for d in dead)}")
+                no_grad.append(lines[-1])
+        elif node.op == "output":
             lines.append(f"return {ref(node.args[0])}")
             no_grad.append(lines[-1])
         else:
@@ -292,15 +312,15 @@ def _callable(target, has_kwargs):
 
 
 def _row_statistics(graph):
-    """`[(mean node, rstd node, units)]` of each `native_layer_norm` in `graph`, made available before its
-    output."""
-    output = next(node for node in graph.nodes if node.op == "output")
+    """`[(mean node, rstd node, units)]` of each `native_layer_norm` in `graph`, taken right after it (mean
+    first)."""
     found = []
     for node in list(graph.nodes):
         if node.target is torch.ops.aten.native_layer_norm.default:
-            with graph.inserting_before(output):
-                mean = graph.call_function(operator.getitem, (node, 1))
+            with graph.inserting_after(node):
                 rstd = graph.call_function(operator.getitem, (node, 2))
+            with graph.inserting_after(node):
+                mean = graph.call_function(operator.getitem, (node, 1))
             found.append((mean, rstd, math.prod(node.args[1])))
     return found
 

@@ -124,6 +124,46 @@ def test_a_view_replays_its_own_graph_and_no_grad_calls_skip_the_detaches():
     assert torch_replay._callable(torch.ops.aten.view.default, False) == torch.ops.aten.view.default._op
 
 
+def _lines_of(source):
+    """`{function name: [its body's lines]}` of a graph's generated source."""
+    functions, name = {}, None
+    for line in source.splitlines():
+        if line.startswith("def "):
+            name = line[4:line.index("(")]
+            functions[name] = []
+        elif line.strip():
+            functions[name].append(line.strip())
+    return functions
+
+
+@pytest.mark.parametrize("options", ["default", "ensemble"])
+def test_each_intermediate_is_dropped_after_its_last_use(options):
+    # As eager code drops its temporaries: the allocator then reuses blocks still in cache.
+    import re
+
+    critic, latent, _, _ = critic_and_inputs(**OPTIONS[options])
+    critic.on_latent(latent)
+    (graph,) = torch_replay.graphs(critic).values()
+    for source in (graph.source, graph.unguarded_source):
+        for name, body in _lines_of(source).items():
+            # Constants (`vN = _aN`, bucket tables) stay: the generated code holds them anyway.
+            assigned = [m.group(1) for line in body for m in [re.match(r"(v\d+) = _f", line)] if m]
+            returned = set(re.findall(r"v\d+", body[-1]))
+            assert body[-1].startswith("return ") and assigned
+            for var in assigned:
+                uses = [i for i, line in enumerate(body) if re.search(rf"\b{var}\b", line)]
+                if var in returned:
+                    assert not any(body[i].startswith("del ") for i in uses), (name, var)
+                    continue
+                dels = [i for i in uses if body[i].startswith("del ")]
+                assert len(dels) == 1 and dels[0] == uses[-1], (name, var, body)  # once, after every use
+                assert dels[0] - 1 in uses or body[dels[0] - 1].startswith("if not "), (name, var)  # right after
+    # A normalisation's row check runs as soon as its statistics exist: a failing call stops there.
+    body = _lines_of(graph.unguarded_source)["run_no_grad"]
+    check = next(i for i, line in enumerate(body) if line.startswith("if not "))
+    assert check < next(i for i, line in enumerate(body) if "aten.silu" in line)
+
+
 def test_replays_follow_weight_changes_made_in_place():
     critic, latent, h, z = critic_and_inputs()
     view, ema = critic.fast_module(), critic.ema_module()
