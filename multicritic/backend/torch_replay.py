@@ -236,15 +236,16 @@ def _straight_line(gm, checked=0):
     # Each intermediate is dropped after its last use, as eager code drops its temporaries: the allocator
     # then hands the next op the block just freed, still in cache, instead of a cold one.
     stats = {rstd: j for j, (_, rstd, _) in enumerate(checks)}
-    last_use, order = {}, {node: i for i, node in enumerate(graph.nodes)}
+    last_use = {}
     for node in graph.nodes:
         for source in node.all_input_nodes:
             last_use[source] = node
     for mean, rstd, _ in checks:
         last_use[mean] = last_use[rstd] = rstd
-    dropped_after = {}
-    for source, user in last_use.items():
-        if source.op == "call_function" and user.op != "output":
+    dropped_after = {}  # in graph order
+    for source in graph.nodes:
+        user = last_use.get(source)
+        if user is not None and source.op == "call_function" and user.op != "output":
             dropped_after.setdefault(user, []).append(source)
 
     def ref(x):
@@ -280,9 +281,8 @@ def _straight_line(gm, checked=0):
                 lines.append(f"if not _amax(_addcdiv(_abs({names[mean]}), _units{j}, {names[rstd]})).item() "
                              f"<= {_ROW_BOUND!r}: return None")
                 no_grad.append(lines[-1])
-            dead = sorted(dropped_after.get(node, ()), key=order.__getitem__)
-            if dead:
-                lines.append(f"del {', '.join(names[d] for d in dead)}")
+            if node in dropped_after:
+                lines.append(f"del {', '.join(names[d] for d in dropped_after[node])}")
                 no_grad.append(lines[-1])
         elif node.op == "output":
             lines.append(f"return {ref(node.args[0])}")

@@ -2,6 +2,8 @@
 never stale (weights changed in place, quantized or LoRA layers, other shapes), and refusing what they cannot
 trace."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -139,8 +141,6 @@ def _lines_of(source):
 @pytest.mark.parametrize("options", ["default", "ensemble"])
 def test_each_intermediate_is_dropped_after_its_last_use(options):
     # As eager code drops its temporaries: the allocator then reuses blocks still in cache.
-    import re
-
     critic, latent, _, _ = critic_and_inputs(**OPTIONS[options])
     critic.on_latent(latent)
     (graph,) = torch_replay.graphs(critic).values()
