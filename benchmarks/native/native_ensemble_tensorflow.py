@@ -14,13 +14,12 @@ Keras's epsilon placement (`alpha = lr * sqrt(1 - b2^t) / (1 - b1^t)`,
 `w -= alpha * m / (sqrt(v) + eps)`, as `keras.optimizers.Adam`, so one step
 agrees with multicritic's), EMA with `assign`.
 
-Alternatives tried (XS, K=5, batch 4096, 2 CPU cores shared with other
-work, TF 2.21 CPU; whole step, medians of 3 alternating blocks in one
-process): first layer as one matmul, graph mode (Grappler + oneDNN, the
-default) 905 ms; the same under XLA (`jit_compile=True`) 988 ms; first layer
-as `tf.einsum("bi,kio->kbo")` 1049 ms in graph mode, 1136 ms under XLA.
-(Why the einsum form is slower was not profiled further; its gradient
-graph differs from the reshaped matmul's.)
+Neither the plain graph (Grappler + oneDNN) nor XLA (`jit_compile=True`) is
+the faster at every size, so `benchmarks/ours/ensemble.py` times both and
+compares with the faster (XS, K=5: XLA at batch 256, a tie at 4096). The
+first layer as `tf.einsum("bi,kio->kbo")` was slower than the reshaped
+matmul in both modes (1049 against 905 ms at batch 4096 in graph mode;
+its gradient graph differs).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ class Ensemble:
 
     `first_layer`: `"matmul"` (default: the members' first kernels viewed as
     one `[in, K*units]` matrix, one GEMM) or `"einsum"` (`tf.einsum("bi,kio->kbo")`).
-    `jit_compile`: XLA (`True`) or a plain graph (`False`, the default: faster here).
+    `jit_compile`: XLA (`True`) or a plain graph (`False`, the default).
     """
 
     def __init__(self, members, in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0,

@@ -9,7 +9,8 @@ and each batch size, side by side in one process:
 4. `native`: the framework's own vectorised ensemble written by hand
    (`benchmarks/native/native_ensemble_{jax,torch,tensorflow}.py`: `jax.vmap`,
    `torch.func.stack_module_state` + `vmap`, stacked `tf.einsum` / batched
-   matmul).
+   matmul); on TensorFlow also `native_xla`, the same step under XLA. The
+   table compares with the faster of the two.
 
 Each is warmed up (compiled), then timed in alternating blocks (A B C D,
 D C B A, ...); the medians are reported, with the ratios `ensemble/single`
@@ -38,7 +39,8 @@ sys.path.insert(0, ROOT)
 from benchmarks.ours.train_step import _inputs, _matmul_peak, dispatch, step_flops, time_side_by_side  # noqa: E402
 
 BACKENDS = ("tensorflow", "torch", "jax")
-IMPLS = ("single", "ensemble", "loop", "native")
+IMPLS = ("single", "ensemble", "loop", "native", "native_xla")
+NATIVES = ("native", "native_xla")  # native_xla: TensorFlow's native ensemble under XLA (TensorFlow only)
 
 
 def make_impls(backend, size, members, jit_compile, native_kwargs):
@@ -60,12 +62,21 @@ def make_impls(backend, size, members, jit_compile, native_kwargs):
         return [t.train_step(h, z, targets, weights) for t in loop]
 
     native = __import__(f"benchmarks.native.native_ensemble_{backend}", fromlist=["make_step"])
-    return {
+    impls = {
         "single": trainer(1, 0).train_step,
         "ensemble": trainer(members, 0).train_step,
         "loop": loop_step,
         "native": native.make_step(members, in_dim, units, layers, **native_kwargs),
-    }, (in_dim, units, layers)
+    }
+    if backend == "tensorflow":  # the plain graph and XLA: either may be the faster
+        impls["native_xla"] = native.make_step(members, in_dim, units, layers, **{**native_kwargs, "jit_compile": True})
+    return impls, (in_dim, units, layers)
+
+
+def fastest_native(row):
+    """The name of the fastest native ensemble timed in `row` (`{impl: record}`), or None."""
+    timed = [name for name in NATIVES if name in row]
+    return min(timed, key=lambda name: row[name]["step_ms"]) if timed else None
 
 
 def run_backend(backend, size, batches, members, repeats, block_seconds, jit_compile, native_kwargs, impls_wanted):
@@ -108,9 +119,10 @@ def table(records):
         if r["impl"] in IMPLS:
             rows.setdefault((r["backend"], r["size"], r["batch"]), {})[r["impl"]] = r
     lines = [
-        "| backend | size | batch | K | single ms | ensemble ms | loop ms | native ms | ensemble/single (<= 2.5) "
-        "| loop/single | ensemble/native | ensemble util | native util | matmul peak GFLOP/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | size | batch | K | single ms | ensemble ms | loop ms | native ms | native | "
+        "ensemble/single (<= 2.5) | loop/single | ensemble/native | ensemble util | native util | "
+        "matmul peak GFLOP/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
 
     def ms(row, name):
@@ -124,10 +136,11 @@ def table(records):
 
     for (backend, size, batch), row in sorted(rows.items()):
         k = max(r["members"] for r in row.values())
+        native = fastest_native(row) or "native"
         lines.append(
             f"| {backend} | {size} | {batch} | {k} | {ms(row, 'single')} | {ms(row, 'ensemble')} | {ms(row, 'loop')} | "
-            f"{ms(row, 'native')} | {ratio(row, 'ensemble', 'single')} | {ratio(row, 'loop', 'single')} | "
-            f"{ratio(row, 'ensemble', 'native')} | {util(row, 'ensemble')} | {util(row, 'native')} | "
+            f"{ms(row, native)} | {native} | {ratio(row, 'ensemble', 'single')} | {ratio(row, 'loop', 'single')} | "
+            f"{ratio(row, 'ensemble', native)} | {util(row, 'ensemble')} | {util(row, native)} | "
             f"{peaks[backend]:.0f} |"
         )
     return "\n".join(lines)

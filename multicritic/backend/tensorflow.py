@@ -126,6 +126,61 @@ def _tracing_for_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def _resource_variables(variables):
+    """The `tf.Variable`s holding `variables` (Keras variables or `tf.Variable`s), or None where one is
+    distributed (a strategy's variable assigns through the strategy) or is not a `tf.Variable`."""
+    if _strategy(variables) is not None:
+        return None
+    out = {}
+    for var in variables:
+        resource = getattr(var, "value", var)
+        if not isinstance(resource, tf.Variable):
+            return None
+        out[id(resource)] = resource
+    return list(out.values())
+
+
+class _SelectedAssignments:
+    """While open, every `assign`, `assign_add` and `assign_sub` of the given `tf.Variable`s stores
+    `where(ok, new value, current value)`. Keras's variables, its optimizers (also their weight decay) and
+    multicritic's EMA all assign through these three methods of the `tf.Variable` they hold, so each assignment
+    of an update traced inside is selected where it is made. The methods are shadowed on the instances for
+    the trace only."""
+
+    _METHODS = ("assign", "assign_add", "assign_sub")
+
+    def __init__(self, ok, resources):
+        self.ok, self.resources = ok, resources
+        self.shadowed = []
+
+    def __enter__(self):
+        for resource in self.resources:
+            self.shadowed.append({m: vars(resource)[m] for m in self._METHODS if m in vars(resource)})
+            assign = resource.assign
+
+            def selected(value, use_locking=None, name=None, read_value=True, _var=resource, _assign=assign):
+                value = tf.convert_to_tensor(value, dtype=_var.dtype)
+                return _assign(tf.where(self.ok, value, _var.read_value()), use_locking, name, read_value)
+
+            def added(delta, use_locking=None, name=None, read_value=True, _var=resource, _selected=selected):
+                return _selected(_var.read_value() + tf.convert_to_tensor(delta, dtype=_var.dtype), use_locking,
+                                 name, read_value)
+
+            def subtracted(delta, use_locking=None, name=None, read_value=True, _var=resource, _selected=selected):
+                return _selected(_var.read_value() - tf.convert_to_tensor(delta, dtype=_var.dtype), use_locking,
+                                 name, read_value)
+
+            resource.assign, resource.assign_add, resource.assign_sub = selected, added, subtracted
+        return self
+
+    def __exit__(self, *exc):
+        for resource, before in zip(self.resources, self.shadowed):
+            for method in self._METHODS:
+                vars(resource).pop(method, None)
+            vars(resource).update(before)
+        return False
+
+
 class TensorFlowBackend(Backend):
     name = "tensorflow"
 
@@ -153,13 +208,23 @@ class TensorFlowBackend(Backend):
         return tf.gather(x, tf.convert_to_tensor(indices), batch_dims=x.shape.rank - 1)
 
     def update_if(self, ok, update, variables):
-        """A `tf.cond`: the update's assignments run only in the taken branch."""
+        """In a plain graph a `tf.cond`: the update's assignments run only in the taken branch. Under XLA each
+        assignment is selected as it is made instead, as on JAX (XLA made the cond's assignments selects after
+        the whole update, which both they and the update read the old weights and slots for, so it copied
+        them first): what the update reads afterwards (Adam's new moments, the new weights the EMA follows) is
+        the selected value, every weight and slot buffer is read by one fusion, and XLA updates it in place.
+        The same assignments, fused differently by XLA (float32 rounding)."""
+        resources = _resource_variables(variables)
+        if resources is None or not _tracing_for_xla():
 
-        def run():
+            def run():
+                update()
+                return tf.constant(True)
+
+            tf.cond(ok, run, lambda: tf.constant(False))
+            return
+        with _SelectedAssignments(ok, resources):
             update()
-            return tf.constant(True)
-
-        tf.cond(ok, run, lambda: tf.constant(False))
 
     def all_gather(self, x):
         context = tf.distribute.get_replica_context()

@@ -97,3 +97,78 @@ def test_the_layer_norm_fallback_is_a_cond_in_a_plain_graph_and_fused_under_xla(
         ops = {op.type for op in f.get_concrete_function(tf.constant(x)).graph.get_operations()}
         assert ("StatelessIf" in ops or "If" in ops) == (not jit_compile), sorted(ops)
     assert seen == {0: True, 1: False}
+
+
+def _xla_step_hlo(trainer, batch):
+    """The optimized HLO of the trainer's one compiled direct step (XLA) for `batch`."""
+    import tensorflow as tf
+
+    (fn,) = trainer._compiled["direct"].compiled.values()
+    return fn.experimental_get_compiler_ir(*(tf.convert_to_tensor(x) for x in batch))(stage="optimized_hlo")
+
+
+@pytest.mark.parametrize("ensemble_size", [1, 3])
+def test_the_xla_step_updates_weights_and_slots_in_place(ensemble_size):
+    """Under XLA the first Dense kernel (the largest buffers), its Adam moments and its EMA copy are each
+    updated in place: the compiled program copies none of them. (A `tf.cond` around the update became selects
+    after it, and XLA copied the kernel and both moments before every step.)"""
+    import re
+
+    from multicritic import CriticNetwork, CriticTrainer
+    from tests.conftest import random_inputs
+
+    critic = CriticNetwork(model_size="nano", ensemble_size=ensemble_size)
+    trainer = CriticTrainer(critic, jit_compile=True)
+    h, z = random_inputs(critic, 8)
+    batch = (h, z, np.ones(8, "float32"), np.ones(8, "float32"))
+    trainer.train_step(*batch)
+    text = _xla_step_hlo(trainer, batch)
+    entry = text[text.index("\nENTRY"):]
+    kernel = "f32[{}]".format(",".join(map(str, critic.mlp.dense_layers[0].kernel.shape)))
+    params = set(re.findall(r"%(\S+) = " + re.escape(kernel) + r"\S* parameter\(", entry))
+    assert len(params) >= 4  # the kernel, its EMA copy and its two moments
+    copied = re.findall(r"= " + re.escape(kernel) + r"\S* copy\(%(\S+)\)", entry)
+    assert not [p for p in copied if p in params], copied
+
+
+def test_under_xla_a_skipped_step_changes_nothing_and_a_good_one_is_the_plain_graphs():
+    """The selects that replace the cond under XLA keep the whole state (weights, EMA, slots, counters) where
+    the step is skipped, and take the plain graph's update where it is not; tracing leaves the variables'
+    own assignment methods in place."""
+    import keras
+    import tensorflow as tf
+
+    from multicritic import CriticNetwork, CriticTrainer
+    from tests.conftest import randomize
+    from tests.training.test_step_safety import direct_batch, state
+
+    def trainer(jit_compile):
+        keras.utils.set_random_seed(0)
+        critic = CriticNetwork(model_size="nano")
+        randomize(critic)
+        return CriticTrainer(critic, learning_rate=1e-3, jit_compile=jit_compile)
+
+    xla, graph = trainer(True), trainer(False)
+    good = [direct_batch(xla.critic, seed=s) for s in (1, 2)]
+    for t in (xla, graph):
+        t.train_step(*good[0])  # slots and counters away from their initial values
+    before = state(xla)
+    h, z, targets, weights = good[1]
+    bad_weights = weights.copy()
+    bad_weights[3] = -1.0
+    bad_h = h.copy()
+    bad_h[0, 0] = np.inf
+    for bad in ((h, z, targets, tf.constant(bad_weights)), (tf.constant(bad_h), z, targets, weights)):
+        metrics = to_np(xla.train_step(*bad))
+        assert metrics["step_skipped"] == 1.0
+        for a, b in zip(state(xla), before):
+            np.testing.assert_array_equal(a, b)
+    a, b = to_np(xla.train_step(*good[1])), to_np(graph.train_step(*good[1]))
+    assert a["step_skipped"] == 0.0
+    np.testing.assert_allclose(a["total"], b["total"], rtol=1e-5)
+    moved = [not np.array_equal(x, y) for x, y in zip(state(xla), before)]
+    assert all(moved[: len(xla.critic.trainable_variables)]) and int(to_np(xla.steps)) == 2
+    for x, y in zip(state(xla), state(graph)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    for var in xla.state_variables:
+        assert not {"assign", "assign_add", "assign_sub"} & set(vars(var.value)), var.path
