@@ -208,12 +208,14 @@ class TensorFlowBackend(Backend):
         return tf.gather(x, tf.convert_to_tensor(indices), batch_dims=x.shape.rank - 1)
 
     def update_if(self, ok, update, variables):
-        """In a plain graph a `tf.cond`: the update's assignments run only in the taken branch. Under XLA each
-        assignment is selected as it is made instead, as on JAX (XLA made the cond's assignments selects after
-        the whole update, which both they and the update read the old weights and slots for, so it copied
-        them first): what the update reads afterwards (Adam's new moments, the new weights the EMA follows) is
-        the selected value, every weight and slot buffer is read by one fusion, and XLA updates it in place.
-        The same assignments, fused differently by XLA (float32 rounding)."""
+        """In a plain graph a `tf.cond`: the update's assignments run only in the taken branch.
+
+        Under XLA each assignment is selected as it is made instead, as on JAX. XLA turned the cond into
+        selects applied after the whole update; the update and those selects both read the old weights and
+        slots, so XLA copied them before every step. Selected as they are made, what the update reads
+        afterwards (Adam's new moments, the new weights the EMA follows) is the selected value, each weight
+        and slot buffer is read by one fusion, and XLA updates it in place. The same assignments, fused
+        differently by XLA (float32 rounding)."""
         resources = _resource_variables(variables)
         if resources is None or not _tracing_for_xla():
 
