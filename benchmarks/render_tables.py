@@ -205,6 +205,15 @@ def peers(files):
     return lines
 
 
+NATIVE_ENSEMBLES = ("native", "native_xla")  # native_xla: TensorFlow's native ensemble under XLA
+
+
+def fastest_native(row):
+    """The name of the fastest native ensemble timed in `row` (`{impl: record}`), or None."""
+    timed = [name for name in NATIVE_ENSEMBLES if name in row]
+    return min(timed, key=lambda name: row[name]["step_ms"]) if timed else None
+
+
 @table("ensemble")
 def ensemble(files):
     """K-member ensemble step against one critic, a loop of K critics and a native vectorised ensemble."""
@@ -213,8 +222,7 @@ def ensemble(files):
              "loop / single | ours / native |",
              "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for (backend, size, batch), r in sorted(rows.items()):
-        natives = [name for name in ("native", "native_xla") if name in r]  # native_xla: TensorFlow under XLA
-        native = min(natives, key=lambda name: r[name]["step_ms"]) if natives else None
+        native = fastest_native(r)
         if native is None or not {"single", "ensemble", "loop"} <= set(r):
             continue
         ms = {k: r[k]["step_ms"] for k in ("single", "ensemble", "loop", native)}

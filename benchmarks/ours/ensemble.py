@@ -37,10 +37,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks.ours.train_step import _inputs, _matmul_peak, dispatch, step_flops, time_side_by_side  # noqa: E402
+from benchmarks.render_tables import fastest_native  # noqa: E402
 
 BACKENDS = ("tensorflow", "torch", "jax")
 IMPLS = ("single", "ensemble", "loop", "native", "native_xla")
-NATIVES = ("native", "native_xla")  # native_xla: TensorFlow's native ensemble under XLA (TensorFlow only)
 
 
 def make_impls(backend, size, members, jit_compile, native_kwargs):
@@ -71,12 +71,6 @@ def make_impls(backend, size, members, jit_compile, native_kwargs):
     if backend == "tensorflow":  # the plain graph and XLA: either may be the faster
         impls["native_xla"] = native.make_step(members, in_dim, units, layers, **{**native_kwargs, "jit_compile": True})
     return impls, (in_dim, units, layers)
-
-
-def fastest_native(row):
-    """The name of the fastest native ensemble timed in `row` (`{impl: record}`), or None."""
-    timed = [name for name in NATIVES if name in row]
-    return min(timed, key=lambda name: row[name]["step_ms"]) if timed else None
 
 
 def run_backend(backend, size, batches, members, repeats, block_seconds, jit_compile, native_kwargs, impls_wanted):

@@ -11,6 +11,8 @@ worker is given its own rows and splits them over its own replicas.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import tensorflow as tf
 
@@ -147,7 +149,8 @@ class _SelectedAssignments:
     of an update traced inside is selected where it is made. The methods are shadowed on the instances for
     the trace only."""
 
-    _METHODS = ("assign", "assign_add", "assign_sub")
+    # Each method's new value from the current one and its argument.
+    _METHODS = {"assign": lambda current, value: value, "assign_add": operator.add, "assign_sub": operator.sub}
 
     def __init__(self, ok, resources):
         self.ok, self.resources = ok, resources
@@ -157,20 +160,15 @@ class _SelectedAssignments:
         for resource in self.resources:
             self.shadowed.append({m: vars(resource)[m] for m in self._METHODS if m in vars(resource)})
             assign = resource.assign
+            for method, new_value in self._METHODS.items():
 
-            def selected(value, use_locking=None, name=None, read_value=True, _var=resource, _assign=assign):
-                value = tf.convert_to_tensor(value, dtype=_var.dtype)
-                return _assign(tf.where(self.ok, value, _var.read_value()), use_locking, name, read_value)
+                def selected(value, use_locking=None, name=None, read_value=True, _var=resource, _assign=assign,
+                             _new_value=new_value):
+                    current = _var.read_value()
+                    value = _new_value(current, tf.convert_to_tensor(value, dtype=_var.dtype))
+                    return _assign(tf.where(self.ok, value, current), use_locking, name, read_value)
 
-            def added(delta, use_locking=None, name=None, read_value=True, _var=resource, _selected=selected):
-                return _selected(_var.read_value() + tf.convert_to_tensor(delta, dtype=_var.dtype), use_locking,
-                                 name, read_value)
-
-            def subtracted(delta, use_locking=None, name=None, read_value=True, _var=resource, _selected=selected):
-                return _selected(_var.read_value() - tf.convert_to_tensor(delta, dtype=_var.dtype), use_locking,
-                                 name, read_value)
-
-            resource.assign, resource.assign_add, resource.assign_sub = selected, added, subtracted
+                setattr(resource, method, selected)
         return self
 
     def __exit__(self, *exc):
