@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import keras
@@ -21,6 +22,10 @@ from multicritic.validation import cast_to, compatible, h_z_pair, real_tensor, s
 
 # What `on_latent` returns: both outputs, or one of them.
 _OUTPUTS = ("both", "logits", "value")
+# What a layer's forward pass depends on, read without a property call (Keras's own attribute behind
+# `dtype_policy`, which `quantization_mode` reads).
+_POLICY = operator.attrgetter("_dtype_policy")
+_LORA = operator.attrgetter("lora_enabled")
 
 
 class _OnLatent:
@@ -306,15 +311,29 @@ class CriticNetwork(KerasTraining, keras.Model):
 
     def forward_signature(self) -> Tuple:
         """What a forward pass's ops depend on besides the inputs and the weights' values: the dtype policy and
-        each Dense layer's quantization mode and LoRA state (changed by `quantize` / `enable_lora`)."""
+        each Dense layer's compute dtype, quantization mode and LoRA state (changed by `quantize` /
+        `enable_lora`)."""
         layers = self.__dict__.get("_dense_layers")
         if layers is None:
             # A plain tuple, set past Keras's tracking (these layers are tracked as sub-layers already).
             layers = (tuple(self.mlp.dense_layers) + tuple(self.mlp_ema.dense_layers)
                       + (self.return_layer.reward_buckets_layer, self.return_layer_ema.reward_buckets_layer))
             object.__setattr__(self, "_dense_layers", layers)
-        return (self.dtype_policy.name,) + tuple(
-            (layer.quantization_mode, getattr(layer, "lora_enabled", False)) for layer in layers)
+        # Every forward pass a host makes reads this: the dozen property reads below run again only when a
+        # policy object or a LoRA flag is replaced (all that `quantize`, `enable_lora` and a new dtype policy
+        # change). A policy map can change in place: with one, nothing is cached.
+        try:
+            state = (self._dtype_policy, *map(_POLICY, layers), *map(_LORA, layers))
+        except AttributeError:
+            state = None
+        cached = self.__dict__.get("_forward_signature")
+        if state is not None and cached is not None and cached[0] == state:
+            return cached[1]
+        signature = (self.dtype_policy.name,) + tuple(
+            (layer.compute_dtype, layer.quantization_mode, getattr(layer, "lora_enabled", False)) for layer in layers)
+        if state is not None and not any(isinstance(p, keras.dtype_policies.DTypePolicyMap) for p in state):
+            object.__setattr__(self, "_forward_signature", (state, signature))
+        return signature
 
     def _keras_call(self, h, z, *args, **kwargs):
         # Before Keras's own checks, which refuse lists and name no argument.

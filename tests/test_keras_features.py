@@ -53,3 +53,30 @@ def test_summary_lists_the_sub_layers():
     text = "\n".join(lines)
     for name in ("mlp", "return_layer", "mlp_ema", "return_layer_ema"):
         assert name in text
+
+
+@pytest.mark.parametrize("change", ["quantize", "lora", "layer_policy", "critic_policy", "policy_map"])
+def test_the_forward_signature_follows_every_change_a_forward_pass_depends_on(change):
+    import keras
+
+    critic = CriticNetwork(model_size="nano")
+    critic(*random_inputs(critic, 2))
+    before = critic.forward_signature()
+    assert critic.forward_signature() == before
+    layer = critic.mlp.dense_layers[0]
+    if change == "quantize":
+        layer.quantize("int8")
+    elif change == "lora":
+        layer.enable_lora(2)
+    elif change == "layer_policy":
+        layer.dtype_policy = "bfloat16"
+    elif change == "critic_policy":
+        critic.dtype_policy = "mixed_bfloat16"
+    else:  # a map changes in place: no signature may be kept from before
+        policies = keras.dtype_policies.DTypePolicyMap(default_policy="float32")
+        layer.dtype_policy = policies
+        assert critic.forward_signature() == before
+        policies[layer.path] = "bfloat16"
+    after = critic.forward_signature()
+    assert after != before
+    assert critic.forward_signature() == after

@@ -181,13 +181,15 @@ def test_replays_follow_weight_changes_made_in_place():
         assert_bit_identical(fn(), keras_path(fn))
 
 
-@pytest.mark.parametrize("change", ["quantize", "lora"])
+@pytest.mark.parametrize("change", ["quantize", "lora", "layer_policy"])
 def test_a_changed_layer_structure_is_traced_anew(change):
     critic, latent, h, z = critic_and_inputs()
     critic(h, z)
     before = len(torch_replay.graphs(critic))
     if change == "quantize":
         critic.quantize("int8")
+    elif change == "layer_policy":
+        critic.mlp.dense_layers[0].dtype_policy = "bfloat16"
     else:
         critic.mlp.dense_layers[0].enable_lora(2)
         critic.mlp.dense_layers[0].lora_kernel_b.assign(np.ones(tuple(critic.mlp.dense_layers[0].lora_kernel_b.shape), "float32"))
