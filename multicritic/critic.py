@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import keras
@@ -22,10 +21,6 @@ from multicritic.validation import cast_to, compatible, h_z_pair, real_tensor, s
 
 # What `on_latent` returns: both outputs, or one of them.
 _OUTPUTS = ("both", "logits", "value")
-# What a layer's forward pass depends on, read without a property call (Keras's own attribute behind
-# `dtype_policy`, which `quantization_mode` reads).
-_POLICY = operator.attrgetter("_dtype_policy")
-_LORA = operator.attrgetter("lora_enabled")
 
 
 class _OnLatent:
@@ -320,10 +315,12 @@ class CriticNetwork(KerasTraining, keras.Model):
                       + (self.return_layer.reward_buckets_layer, self.return_layer_ema.reward_buckets_layer))
             object.__setattr__(self, "_dense_layers", layers)
         # Every forward pass a host makes reads this: the dozen property reads below run again only when a
-        # policy object or a LoRA flag is replaced (all that `quantize`, `enable_lora` and a new dtype policy
-        # change). A policy map can change in place: with one, nothing is cached.
+        # policy object (`_dtype_policy`, Keras's attribute behind `dtype_policy`) or a LoRA flag is replaced,
+        # all that `quantize`, `enable_lora` and a new dtype policy change. A policy map can change in place:
+        # with one, nothing is cached.
         try:
-            state = (self._dtype_policy, *map(_POLICY, layers), *map(_LORA, layers))
+            state = (self._dtype_policy, *[layer._dtype_policy for layer in layers],
+                     *[layer.lora_enabled for layer in layers])
         except AttributeError:
             state = None
         cached = self.__dict__.get("_forward_signature")
