@@ -175,20 +175,18 @@ def _check_resolution_at_zero(table, num_buckets, lower_bound, upper_bound):
 
 
 def _decode_table(num_buckets, lower_bound, upper_bound, bin_scheme):
-    """For symmetric bounds, `(table, skewed)` over the pairs of buckets around the
-    centre, `j < m = n // 2`: `table` holds `lower[j] = -b[m-1-j]`, then, if
-    `skewed` (the upper bucket `b[n-m+j]` differs from `lower[j]` in float32; never
-    for `"symexp"`), the upper buckets `b[n-m+j]`. `None` for asymmetric bounds."""
+    """For symmetric bounds, the bucket values halved, the middle one (an odd count's) 0: `expected_value`'s
+    weights. `None` for asymmetric bounds, or where halving a bucket value would round (a subnormal one)."""
     key = (num_buckets, lower_bound, upper_bound, bin_scheme, "decode")
     if key not in _TABLES:
         _TABLES[key] = None
         if lower_bound == -upper_bound:
             table = np.asarray(_bucket_table(num_buckets, lower_bound, upper_bound, bin_scheme), np.float32)
-            m = num_buckets // 2
-            lower, upper = -table[:m][::-1], table[num_buckets - m :]
-            skewed = bool((upper != lower).any())
-            # One table (one host-to-device copy on PyTorch), the upper buckets appended where they differ.
-            _TABLES[key] = (tuple(lower.tolist()) + (tuple(upper.tolist()) if skewed else ()), skewed)
+            half = table / np.float32(2.0)
+            if num_buckets % 2:
+                half[num_buckets // 2] = 0.0
+            if np.array_equal(half * np.float32(2.0), np.where(half == 0.0, half, table)):
+                _TABLES[key] = tuple(half.tolist())
     return _TABLES[key]
 
 
@@ -388,40 +386,34 @@ def expected_value(
 
     `"uniform_symlog"`: `sum(probs * buckets)` (the reference); `"symexp"`:
     `symlog` of the real-space mean `sum(probs * buckets)`. With symmetric
-    bounds the sum runs over the pairs of buckets around the centre, and the
-    part both buckets of a pair share, `min(p_hi, p_lo)`, counts as 0:
-    a symmetric distribution decodes to exactly 0, and a two-hot target to
-    its value (to float32 rounding). This differs from the plain sum only by
-    the support's own asymmetry in float32 (none for `"symexp"`; below 1e-6
-    for the default `"uniform_symlog"` support, whose `tf.linspace` points
-    carry float32 rounding).
+    bounds each bucket `j` pairs with its mirror `n - 1 - j`, and the part
+    both share, `min(p_j, p_mirror)`, counts as 0: the sum is
+    `sum(relu(probs - flip(probs)) * buckets)`. A symmetric distribution
+    decodes to exactly 0, and a two-hot target to its value (to float32
+    rounding). This differs from the plain sum only by the support's own
+    asymmetry in float32 (none for `"symexp"`; below 1e-6 for the default
+    `"uniform_symlog"` support, whose `tf.linspace` points carry float32
+    rounding). Its gradient is the bucket value `b_j` (`-b_mirror` where
+    the mirror's probability is the larger), and the pair's mean of the two
+    where they tie, as every pair does for a zero-initialised head.
     """
     check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
     args = (int(num_buckets), float(lower_bound), float(upper_bound), bin_scheme)
     probs = cast_to(probs, "float32")
-    pairs = _decode_table(*args)
-    if pairs is None:
+    half = _decode_table(*args)
+    if half is None:
         mean = ops.sum(probs * constant(_bucket_table(*args)), axis=-1)
     else:
-        m = num_buckets // 2
-        # Per pair, (p_hi - min) * b_hi + (p_lo - min) * b_lo with the middle
-        # bucket (0) left out, which is `diff * b_hi` where `diff = p_hi - p_lo`
-        # is positive and `diff * -b_lo` elsewhere. Each term of a symmetric
-        # pair is then exactly 0 however a compiler reorders or fuses the sum
-        # (a plain sum of `probs * buckets` under XLA decoded a uniform
-        # distribution to 0.15). Products and a sum, not a matmul: GPUs may
-        # run float32 matmuls in TF32, at 1e-3 precision.
-        diff = probs[..., num_buckets - m :] - ops.flip(probs[..., :m], axis=-1)
-        table, skewed = pairs
-        table = constant(table)
-        if skewed:
-            # `where(diff > 0, diff * b_hi, diff * -b_lo)` to the bit (one of the two terms is +0), without a
-            # comparison and a select: eager PyTorch runs those at a quarter of a multiply's speed.
-            above = ops.relu(diff)
-            terms = above * table[m:] + (diff - above) * table[:m]
-        else:
-            terms = diff * table[:m]
-        mean = ops.sum(terms, axis=-1)
+        # relu(d) * b as (d + d * sign(d)) * (b / 2): the same bits (both factors are exact doublings or
+        # halvings), but at a tie (d = 0) the derivative is 1/2 on each side where relu's is 0 on both, which
+        # would leave a tied pair (every pair, at a zero-initialised head) without a gradient. `sign`, not
+        # `abs`: the backends differ on abs's derivative at 0 (JAX: 1), not on sign's (0). Each term of a
+        # symmetric distribution is exactly 0 however a compiler reorders or fuses the sum (a plain sum of
+        # `probs * buckets` under XLA decoded a uniform distribution to 0.15). Whole rows and no slices: eager
+        # PyTorch pays a fixed cost per op, above this arithmetic's. Products and a sum, not a matmul: GPUs
+        # may run float32 matmuls in TF32, at 1e-3 precision.
+        diff = probs - ops.flip(probs, axis=-1)
+        mean = ops.sum((diff + diff * ops.sign(diff)) * constant(half), axis=-1)
     return mean if bin_scheme == "uniform_symlog" else symlog(mean)
 
 

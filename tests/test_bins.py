@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from multicritic import CriticNetwork, inverse_symlog, symexp, symlog, two_hot
 from multicritic.bins import bucket_values, expected_value, two_hot_indices
 from tests import numpy_reference as ref
-from tests.conftest import compiled, to_np
+from tests.conftest import compiled, grads_of, to_np
 
 SCHEMES = ["uniform_symlog", "symexp"]
 BIG = float(np.float32(1e30))
@@ -122,6 +122,33 @@ def test_expected_value(scheme):
     # Symmetric bounds: pairs around the centre, so a uniform row is exactly 0.
     uniform = np.full((2, 255), 1 / 255, np.float32)
     np.testing.assert_array_equal(to_np(expected_value(uniform, bin_scheme=scheme)), 0.0)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_decodes_gradient_is_the_bucket_values_and_at_a_tie_the_pairs_mean(scheme):
+    # d value / d p_j: b_j where p_j is the larger of its pair, -b_mirror where the mirror's is, and their
+    # mean where the two tie (a zero-initialised head ties every pair: the gradient must not vanish there).
+    buckets = bucket_values(bin_scheme=scheme).astype(np.float64)
+    mirror = buckets[::-1]
+    rng = np.random.default_rng(5)
+    probs = rng.dirichlet(np.ones(255), size=3).astype(np.float32)
+    probs[1] = 1 / 255  # every pair tied
+    probs[2, :127] = probs[2, 128:][::-1]  # symmetric: tied too
+    (grad,) = grads_of(lambda p: keras.ops.sum(expected_value(p, bin_scheme=scheme)), probs)
+    grad = to_np(grad).astype(np.float64)
+    if scheme == "symexp":  # the symlog of the real-space mean: its derivative 1 / (1 + |mean|) divided out
+        mean = to_np(symexp(expected_value(probs, bin_scheme=scheme))).astype(np.float64)
+        grad *= (1.0 + np.abs(mean))[:, None]
+    larger = probs[0] > probs[0][::-1]
+    want = np.where(larger, buckets, -mirror)
+    want[127] = 0.0  # the middle bucket pairs with itself: never counted
+    np.testing.assert_allclose(grad[0], want, rtol=1e-6)
+    if scheme == "symexp":  # tied rows decode to 0, where symlog's own derivative differs between backends
+        return
+    tied = (buckets - mirror) / 2
+    tied[127] = 0.0
+    np.testing.assert_allclose(grad[1], tied, rtol=1e-6)
+    np.testing.assert_allclose(grad[2], tied, rtol=1e-6)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -1,20 +1,20 @@
 """What the symmetric value decode costs a PyTorch forward pass, in context, against the plain decode.
 
-`multicritic.bins.expected_value` decodes over the bucket pairs around the
-centre (`diff = p_hi - flip(p_lo)`, weighted by the upper bucket where
-`diff > 0` and by the lower one elsewhere), so that a symmetric distribution
-decodes to exactly 0 in any summation order and a two-hot target keeps
-RLlib's round-trip accuracy. This times the XS forward pass (the replayed
-ops written out by hand, no guards, under `torch.no_grad()`) ending in each
-decode, in alternating blocks in one process, against the same pass ending in
-the plain `(softmax(logits) * buckets).sum(-1)`:
+`multicritic.bins.expected_value` pairs each bucket with its mirror around
+the centre and counts only the part of the larger probability above the
+smaller, at its own bucket (`sum(relu(p - flip(p)) * buckets)`, the relu
+written `(d + d sign(d)) / 2`), so that a symmetric distribution decodes to exactly
+0 in any summation order and a two-hot target keeps RLlib's round-trip
+accuracy. This times the XS forward pass (the replayed ops written out by
+hand, no guards, under `torch.no_grad()`) ending in each decode, in
+alternating blocks in one process, against the same pass ending in the plain
+`(softmax(logits) * buckets).sum(-1)`:
 
     python benchmarks/ours/decode_cost.py --batch 256
 
-"pairs, one weight" is the pair decode with the same weight on both sides,
-which the default float32 support (not exactly antisymmetric) does not allow
-without losing the two-hot round trip's accuracy on one side; it is timed to
-size that trade.
+"half rows" is the same decode over the upper half's pairs (`p_hi -
+flip(p_lo)`, one weight per side), the library's form until it was replaced:
+the same terms, four more ops.
 """
 
 from __future__ import annotations
@@ -38,19 +38,22 @@ def decoders(buckets=255):
     lower = torch.tensor(-np.ascontiguousarray(support[:m][::-1]))
     upper = torch.tensor(support[buckets - m:])
     plain_table = torch.tensor(support)
+    half = plain_table / 2
+    half[m] = 0.0
 
-    def pairs(p):
-        return torch.sub(p[:, buckets - m:], torch.flip(p[:, :m], [-1]))
+    def whole_rows(p):
+        diff = torch.sub(p, torch.flip(p, [-1]))
+        return torch.sum(torch.mul(torch.add(diff, torch.mul(diff, torch.sign(diff))), half), [-1])
 
-    def two_weights(p):
-        diff = pairs(p)
+    def half_rows(p):
+        diff = torch.sub(p[:, buckets - m:], torch.flip(p[:, :m], [-1]))
         above = torch.relu(diff)
         return torch.sum(torch.add(torch.mul(above, upper), torch.mul(torch.sub(diff, above), lower)), [-1])
 
     return {
         "plain": lambda p: torch.sum(torch.mul(p, plain_table), [-1]),
-        "pairs, two weights (ours)": two_weights,
-        "pairs, one weight": lambda p: torch.sum(torch.mul(pairs(p), upper), [-1]),
+        "pairs, whole rows (ours)": whole_rows,
+        "pairs, half rows": half_rows,
     }
 
 

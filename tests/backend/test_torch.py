@@ -74,14 +74,14 @@ def state_of(trainer):
     return [to_np(v).copy() for v in trainer.state_variables]
 
 
-def assert_same_state(got, want, start):
-    """Weights, EMA weights, slots and counters equal to 1e-6 relative, or to 1e-5 of the largest change of
-    their variable: compiled gradients come from AOTAutograd's decomposed backward (the same math, other
-    roundings, ~1e-7 relative), and Adam divides each gradient by its own RMS, so for an element whose
+def assert_same_state(got, want, start, of_change=1e-5):
+    """Weights, EMA weights, slots and counters equal to 1e-6 relative, or to `of_change` of the largest
+    change of their variable: compiled gradients come from AOTAutograd's decomposed backward (the same math,
+    other roundings, ~1e-7 relative), and Adam divides each gradient by its own RMS, so for an element whose
     gradient is near epsilon's scale a last-bit difference moves its update by up to ~1e-5 of a step."""
     for g, w, s in zip(got, want, start):
         change = np.max(np.abs(w.astype(np.float64) - s), initial=0.0)
-        np.testing.assert_allclose(g, w, rtol=1e-6, atol=max(1e-5 * change, 1e-7))
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=max(of_change * change, 1e-7))
 
 
 @pytest.fixture
@@ -143,8 +143,14 @@ def test_inductor_step_matches_eager_for_three_steps(monkeypatch):
         out[jit] = run_steps(trainer, "dream", data), state_of(trainer)
     for a, b in zip(out[False][0], out[True][0]):
         for name in a:
-            np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
-    assert_same_state(out[True][1], out[False][1], state_of(CriticTrainer(make_critic("single"))))
+            # atol: `ema_value_gap` is a difference of two decoded values, each a sum of terms up to about 1
+            # here, and carries their rounding.
+            np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=4e-7, err_msg=name)
+    # The loss's targets are decoded values (the lambda-returns, and the EMA regulariser's two-hot target),
+    # whose sums inductor may order otherwise: a last-bit target moves the two-hot weights (by ~6x as much:
+    # the bucket spacing is 0.157), so every gradient, and Adam turns that into up to ~1e-3 of a step for an
+    # element whose gradient is that small.
+    assert_same_state(out[True][1], out[False][1], state_of(CriticTrainer(make_critic("single"))), of_change=1e-3)
 
 
 def test_auto_runs_eagerly_then_compiles_at_a_fixed_step(monkeypatch, aot_eager):
