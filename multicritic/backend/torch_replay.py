@@ -16,10 +16,10 @@ and change no value unless a row is far outside float32's range. That pass
 runs first and checks its normalisations' own row statistics: each row's
 `|mean| + sqrt(units) / rstd` bounds its largest entry, so the largest
 `|mean|` plus `sqrt(units)` over the smallest `rstd` bounds them all, and
-where that is below 2^55 (NaN and overflow fail it) no guard would have acted and
-the pass's outputs are those of the guarded one (the first Dense's 2^-32 is
-a power of two: exact, but for products below float32's normal range, which
-the guarded pass rounds and this one keeps). Otherwise the guarded pass
+where that is below 2^55 (NaN and overflow fail it) no guard would have
+acted and the pass's outputs are those of the guarded one (the first
+Dense's 2^-32 is a power of two: exact, but for products below float32's
+normal range, which the guarded pass rounds and this one keeps). Otherwise the guarded pass
 runs. On other devices the check's read-back would wait for the device
 (and break a CUDA graph's capture): they run the guarded pass.
 """
