@@ -20,12 +20,14 @@ from multicritic import backend as backend_contract
 from multicritic.backend import Backend, StepProgram
 
 
-def batch_signature(batch, batch_axis):
-    """TensorSpecs with the batch axis left open, so a new batch size does not retrace."""
+def batch_signature(batch, batch_axis, static=False):
+    """TensorSpecs with the batch axis left open, so a new batch size does not retrace; `static`: with the
+    batch's own sizes (XLA compiles one program per batch size anyway)."""
     specs = []
     for x in batch:
         shape = list(x.shape)
-        shape[batch_axis] = None
+        if not static:
+            shape[batch_axis] = None
         specs.append(tf.TensorSpec(shape, x.dtype))
     return specs
 
@@ -267,8 +269,10 @@ class TensorFlowBackend(Backend):
         def run(*batch):
             if strategy is not None:
                 _outside_scope()
-            signature = batch_signature(batch, batch_axis)
             xla = _xla(program, calls[0])
+            # Under XLA the trace sees the batch size, so the model can choose by it (where the first layer's
+            # input scale goes: `multicritic.layers.mlp`), as on JAX.
+            signature = batch_signature(batch, batch_axis, static=xla)
             key = tuple((tuple(s.shape), s.dtype) for s in signature) + (xla,)
             fn = compiled.get(key)
             if fn is None:

@@ -100,7 +100,8 @@ class CriticTrainer(CriticStep):
         epsilon: of the default Adam (1e-5).
         jit_compile: True, False or `"auto"` (the default: each backend's
             faster choice). TensorFlow: compile the `tf.function` step with
-            XLA (`"auto"`: a step kind's first 1000 calls as the plain
+            XLA, traced once per batch size (the plain graph: one trace for
+            all sizes; `"auto"`: a step kind's first 1000 calls as the plain
             graph, then XLA; not under a loss-scale optimizer or a
             distribution strategy). PyTorch: compile the whole step into
             one graph per batch shape (forward, backward and update, no host

@@ -107,6 +107,33 @@ def _xla_step_hlo(trainer, batch):
     return fn.experimental_get_compiler_ir(*(tf.convert_to_tensor(x) for x in batch))(stage="optimized_hlo")
 
 
+def test_the_xla_step_is_traced_for_its_batch_size_and_places_the_input_scale_by_it():
+    """XLA compiles a program per batch size anyway; traced with that size, the first layer scales its input
+    (a batch smaller than the input's width: one GEMM of the concatenated input) or its kernel (two GEMMs of
+    the input parts against their rows of the kernel: one more per network forward, one more in the backward
+    pass), as on JAX. The plain graph keeps one trace for every batch size."""
+    import re
+
+    from multicritic import CriticNetwork, CriticTrainer
+    from tests.conftest import random_inputs
+
+    critic = CriticNetwork(model_size="nano")  # input width 16 + 4 * 4 = 32
+    xla, graph = CriticTrainer(critic, jit_compile=True), CriticTrainer(critic, jit_compile=False)
+    dots = {}
+    for rows in (8, 64):
+        h, z = random_inputs(critic, rows)
+        batch = (h, z, np.ones(rows, "float32"), np.ones(rows, "float32"))
+        xla.train_step(*batch)
+        graph.train_step(*batch)
+        run = xla._compiled["direct"]
+        key = next(k for k in run.compiled if k[0][0][0] == rows)
+        text = run.compiled[key].experimental_get_compiler_ir(*batch)(stage="optimized_hlo")
+        dots[rows] = len(re.findall(r" dot\(", text[text.index("\nENTRY"):]))
+    assert sorted(k[0][0][0] for k in xla._compiled["direct"].compiled) == [8, 64]
+    assert [k[0][0][0] for k in graph._compiled["direct"].compiled] == [None]
+    assert dots[64] == dots[8] + 3, dots
+
+
 @pytest.mark.parametrize("ensemble_size", [1, 3])
 def test_the_xla_step_updates_weights_and_slots_in_place(ensemble_size):
     """Under XLA the first Dense kernel (the largest buffers), its Adam moments and its EMA copy are each
