@@ -100,10 +100,11 @@ def test_the_layer_norm_fallback_is_a_cond_in_a_plain_graph_and_fused_under_xla(
 
 
 def _xla_step_hlo(trainer, batch):
-    """The optimized HLO of the trainer's one compiled direct step (XLA) for `batch`."""
+    """The optimized HLO of the trainer's compiled direct step (XLA, traced for the batch's size) for `batch`."""
     import tensorflow as tf
 
-    (fn,) = trainer._compiled["direct"].compiled.values()
+    rows = batch[0].shape[0]
+    (fn,) = [fn for key, fn in trainer._compiled["direct"].compiled.items() if key[0][0][0] == rows]
     return fn.experimental_get_compiler_ir(*(tf.convert_to_tensor(x) for x in batch))(stage="optimized_hlo")
 
 
@@ -125,9 +126,7 @@ def test_the_xla_step_is_traced_for_its_batch_size_and_places_the_input_scale_by
         batch = (h, z, np.ones(rows, "float32"), np.ones(rows, "float32"))
         xla.train_step(*batch)
         graph.train_step(*batch)
-        run = xla._compiled["direct"]
-        key = next(k for k in run.compiled if k[0][0][0] == rows)
-        text = run.compiled[key].experimental_get_compiler_ir(*batch)(stage="optimized_hlo")
+        text = _xla_step_hlo(xla, batch)
         dots[rows] = len(re.findall(r" dot\(", text[text.index("\nENTRY"):]))
     assert sorted(k[0][0][0] for k in xla._compiled["direct"].compiled) == [8, 64]
     assert [k[0][0][0] for k in graph._compiled["direct"].compiled] == [None]
