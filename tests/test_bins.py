@@ -125,30 +125,32 @@ def test_expected_value(scheme):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_the_decodes_gradient_is_the_bucket_values_and_at_a_tie_the_pairs_mean(scheme):
-    # d value / d p_j: b_j where p_j is the larger of its pair, -b_mirror where the mirror's is, and their
-    # mean where the two tie (a zero-initialised head ties every pair: the gradient must not vanish there).
+def test_the_decodes_gradient_is_the_antisymmetrised_support_for_every_row(scheme):
+    # The decode is linear over mirrored pairs: d value / d p_j = a_j = (b_j - b_mirror) / 2 for any
+    # probabilities, ties included (a zero-initialised head ties every pair: the gradient must not vanish
+    # there), and 0 for the middle bucket.
     buckets = bucket_values(bin_scheme=scheme).astype(np.float64)
-    mirror = buckets[::-1]
+    support = ((buckets - buckets[::-1]) / 2).astype(np.float32)
+    assert support[127] == 0.0 and np.array_equal(support, -support[::-1])
+    if scheme == "symexp":  # built antisymmetric: the support itself
+        np.testing.assert_array_equal(support, buckets.astype(np.float32))
+    else:  # tf.linspace's points: exact within |1.8|, within 5.1e-7 relative beyond
+        near = np.abs(buckets) < 1.8
+        np.testing.assert_array_equal(support[near], buckets[near].astype(np.float32))
+        np.testing.assert_allclose(support, buckets, rtol=5.1e-7, atol=0)
     rng = np.random.default_rng(5)
     probs = rng.dirichlet(np.ones(255), size=3).astype(np.float32)
     probs[1] = 1 / 255  # every pair tied
     probs[2, :127] = probs[2, 128:][::-1]  # symmetric: tied too
     (grad,) = grads_of(lambda p: keras.ops.sum(expected_value(p, bin_scheme=scheme)), probs)
-    grad = to_np(grad).astype(np.float64)
-    if scheme == "symexp":  # the symlog of the real-space mean: its derivative 1 / (1 + |mean|) divided out
-        mean = to_np(symexp(expected_value(probs, bin_scheme=scheme))).astype(np.float64)
-        grad *= (1.0 + np.abs(mean))[:, None]
-    larger = probs[0] > probs[0][::-1]
-    want = np.where(larger, buckets, -mirror)
-    want[127] = 0.0  # the middle bucket pairs with itself: never counted
-    np.testing.assert_allclose(grad[0], want, rtol=1e-6)
-    if scheme == "symexp":  # tied rows decode to 0, where symlog's own derivative differs between backends
+    grad = to_np(grad)
+    if scheme == "uniform_symlog":
+        np.testing.assert_array_equal(grad, np.broadcast_to(support, grad.shape))
         return
-    tied = (buckets - mirror) / 2
-    tied[127] = 0.0
-    np.testing.assert_allclose(grad[1], tied, rtol=1e-6)
-    np.testing.assert_allclose(grad[2], tied, rtol=1e-6)
+    # symexp: the symlog of the real-space mean, its derivative 1 / (1 + |mean|) divided out; the tied rows
+    # decode to 0, where symlog's own derivative differs between backends.
+    mean = to_np(symexp(expected_value(probs, bin_scheme=scheme))).astype(np.float64)
+    np.testing.assert_allclose(grad[0] * (1.0 + np.abs(mean[0])), support, rtol=1e-6)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

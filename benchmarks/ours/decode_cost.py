@@ -1,20 +1,20 @@
 """What the symmetric value decode costs a PyTorch forward pass, in context, against the plain decode.
 
-`multicritic.bins.expected_value` pairs each bucket with its mirror around
-the centre and counts only the part of the larger probability above the
-smaller, at its own bucket (`sum(relu(p - flip(p)) * buckets)`, the relu
-written `(d + d sign(d)) / 2`), so that a symmetric distribution decodes to exactly
-0 in any summation order and a two-hot target keeps RLlib's round-trip
-accuracy. This times the XS forward pass (the replayed ops written out by
-hand, no guards, under `torch.no_grad()`) ending in each decode, in
-alternating blocks in one process, against the same pass ending in the plain
-`(softmax(logits) * buckets).sum(-1)`:
+`multicritic.bins.expected_value` sums mirrored pairs of buckets over whole
+rows, `sum((p - flip(p)) * a_lower)` with `a` the support made exactly
+antisymmetric (zero past the middle), so that a symmetric distribution decodes to exactly 0 in any
+summation order. This times the XS forward pass (the replayed ops
+written out by hand, no guards, under `torch.no_grad()`) ending in each
+decode, in alternating blocks in one process, against the same pass ending
+in the plain `(softmax(logits) * buckets).sum(-1)`:
 
     python benchmarks/ours/decode_cost.py --batch 256
 
-"half rows" is the same decode over the upper half's pairs (`p_hi -
-flip(p_lo)`, one weight per side), the library's form until it was replaced:
-the same terms, four more ops.
+"linear, half rows" is the same sum over the lower half's pairs (`(p_lo -
+flip(p_hi)) * a`: two strided slices). "relu, whole rows" is the library's
+form before: `sum(relu(p - flip(p)) * buckets)`, the relu written `(d + d
+sign(d)) / 2`, each pair counted at its larger side's own bucket (seven
+ops).
 """
 
 from __future__ import annotations
@@ -35,25 +35,28 @@ def decoders(buckets=255):
 
     support = bucket_values(buckets)
     m = buckets // 2
-    lower = torch.tensor(-np.ascontiguousarray(support[:m][::-1]))
-    upper = torch.tensor(support[buckets - m:])
     plain_table = torch.tensor(support)
+    antisymmetric = torch.tensor(((support.astype(np.float64) - support[::-1]) / 2)[:m].astype(np.float32))
     half = plain_table / 2
     half[m] = 0.0
 
-    def whole_rows(p):
+    def linear_half_rows(p):
+        return torch.sum(torch.mul(torch.sub(p[:, :m], torch.flip(p[:, buckets - m:], [-1])), antisymmetric), [-1])
+
+    lower = torch.cat([antisymmetric, torch.zeros(buckets - m)])
+
+    def linear_whole_rows(p):
+        return torch.sum(torch.mul(torch.sub(p, torch.flip(p, [-1])), lower), [-1])
+
+    def relu_whole_rows(p):
         diff = torch.sub(p, torch.flip(p, [-1]))
         return torch.sum(torch.mul(torch.add(diff, torch.mul(diff, torch.sign(diff))), half), [-1])
 
-    def half_rows(p):
-        diff = torch.sub(p[:, buckets - m:], torch.flip(p[:, :m], [-1]))
-        above = torch.relu(diff)
-        return torch.sum(torch.add(torch.mul(above, upper), torch.mul(torch.sub(diff, above), lower)), [-1])
-
     return {
         "plain": lambda p: torch.sum(torch.mul(p, plain_table), [-1]),
-        "pairs, whole rows (ours)": whole_rows,
-        "pairs, half rows": half_rows,
+        "linear, whole rows (ours)": linear_whole_rows,
+        "linear, half rows": linear_half_rows,
+        "relu, whole rows": relu_whole_rows,
     }
 
 

@@ -128,6 +128,15 @@ class Backend(abc.ABC):
             array = _ARRAYS[id(values)] = np.asarray(values, np.float32)
         return ops.convert_to_tensor(array)
 
+    def softmax(self, logits):
+        """`ops.softmax(logits, axis=-1)`: the probabilities a head decodes (and a regulariser's slow-critic
+        distribution)."""
+        return ops.softmax(logits, axis=-1)
+
+    def log_softmax(self, logits):
+        """`ops.log_softmax(logits, axis=-1)`: the log-probabilities a head's loss reads."""
+        return ops.log_softmax(logits, axis=-1)
+
     def take_along_last_axis(self, x, indices):
         """`ops.take_along_axis(x, indices, axis=-1)` for `x [..., n]` and int32 `indices [..., m]` in range
         (the two-hot loss's picks from the log-probabilities)."""

@@ -201,6 +201,25 @@ class TensorFlowBackend(Backend):
         # `sum(t * t)` is a square and a sum.
         return tf.linalg.global_norm(list(tensors))
 
+    @staticmethod
+    def _softmax_parts(logits):
+        # One composition for both: in a traced step the decode's `softmax` and the loss's `log_softmax` of the
+        # same logits are then the same ops, which XLA and Grappler compute once, and `log_softmax`'s gradient
+        # reads `exp` from the forward pass where `tf.nn.log_softmax`'s computes `exp(logp)` again. The
+        # maximum only keeps `exp` in range: both results are unchanged by any shift, so it takes no gradient.
+        logits = tf.convert_to_tensor(logits)
+        shifted = logits - tf.stop_gradient(tf.reduce_max(logits, axis=-1, keepdims=True))
+        exp = tf.exp(shifted)
+        return shifted, exp, tf.reduce_sum(exp, axis=-1, keepdims=True)
+
+    def softmax(self, logits):
+        _, exp, total = self._softmax_parts(logits)
+        return exp / total
+
+    def log_softmax(self, logits):
+        shifted, _, total = self._softmax_parts(logits)
+        return shifted - tf.math.log(total)
+
     def take_along_last_axis(self, x, indices):
         # One batched gather: Keras's `take_along_axis` first broadcasts `x` to the indices' leading shape, a
         # copy of it (and a reduction in the gradient) when the batch size is open, as in the trainer's steps.

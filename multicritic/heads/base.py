@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 import keras
 from keras import ops
 
+from multicritic import backend
 from multicritic.bins import bucket_values, check_bin_args, expected_value
 from multicritic.layers.mlp import dense_layer
 from multicritic.layers.dispatch import call_layer
@@ -98,7 +99,7 @@ class ValueHead(keras.layers.Layer):
     @staticmethod
     def decode(logits, num_buckets, lower_bound, upper_bound, bin_scheme, **options):
         """The expected value in symlog space of `logits [..., output_units]`: `[...]`."""
-        return expected_value(ops.softmax(logits, axis=-1), num_buckets, lower_bound, upper_bound, bin_scheme)
+        return expected_value(backend.current().softmax(logits), num_buckets, lower_bound, upper_bound, bin_scheme)
 
     @staticmethod
     def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from multicritic import backend
 from multicritic.bins import check_bin_args, constant, symlog
 from multicritic.heads.base import ValueHead, cross_entropy
 from multicritic.validation import number
@@ -140,7 +141,7 @@ class HLGaussHead(ValueHead):
     @staticmethod
     def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
                         lower_bound, upper_bound, bin_scheme, sigma=0.75, **options):
-        logp = ops.log_softmax(logits, axis=-1)
+        logp = backend.current().log_softmax(logits)
         support = (num_buckets, lower_bound, upper_bound, sigma)
         if ema_value_symlog is not None and regularizer == "two_hot_mean":
             both = hl_gauss(ops.stack([symlog(value_targets), ema_value_symlog], axis=-1), *support)
@@ -148,7 +149,7 @@ class HLGaussHead(ValueHead):
         value_term = cross_entropy(hl_gauss(symlog(value_targets), *support), logp)
         if ema_logits is None:
             return value_term, None
-        return value_term, cross_entropy(ops.stop_gradient(ops.softmax(ema_logits, axis=-1)), logp)
+        return value_term, cross_entropy(ops.stop_gradient(backend.current().softmax(ema_logits)), logp)
 
     def get_config(self):
         config = super().get_config()

@@ -55,7 +55,7 @@ class RewardPredictorLayer(ValueHead):
     @staticmethod
     def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
                         lower_bound, upper_bound, bin_scheme, **options):
-        logp = ops.log_softmax(logits, axis=-1)
+        logp = backend.current().log_softmax(logits)
         two_hot_ema = ema_value_symlog is not None and regularizer == "two_hot_mean"
         # Both two-hot targets at once, in the space the scheme interpolates in.
         if bin_scheme == "uniform_symlog":
@@ -81,7 +81,7 @@ class RewardPredictorLayer(ValueHead):
         if two_hot_ema:
             ema_term = terms[..., 1]
         elif ema_logits is not None:
-            ema_term = cross_entropy(ops.stop_gradient(ops.softmax(ema_logits, axis=-1)), logp)
+            ema_term = cross_entropy(ops.stop_gradient(backend.current().softmax(ema_logits)), logp)
         else:
             ema_term = None
         return value_term, ema_term

@@ -247,3 +247,31 @@ def test_take_along_last_axis_is_numpys_with_a_scatter_gradient(lead):
         for j in range(4):
             expected[pos + (indices[pos + (j,)],)] += weights[pos + (j,)]
     np.testing.assert_allclose(to_np(grad), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_softmax_and_log_softmax_are_the_references_eager_compiled_and_in_the_gradient():
+    import numpy as np
+
+    from tests.conftest import compiled, grads_of, to_np
+
+    current = backend.current()
+    rng = np.random.default_rng(2)
+    x = (rng.normal(size=(3, 4, 255)) * 5).astype("float32")
+    x[0, 0] = 0.0  # a zero-initialised head's row: exactly uniform
+    x[0, 1] *= 1e6  # far apart: probabilities underflow to 0, log-probabilities stay finite
+    x[0, 2, :100] = -np.inf  # buckets that can never be chosen
+    wide = x.astype(np.float64)
+    shifted = wide - wide.max(-1, keepdims=True)
+    want_logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    fn = compiled(lambda a: (current.softmax(a), current.log_softmax(a)))
+    for probs, logp in (to_np((current.softmax(x), current.log_softmax(x))), to_np(fn(keras.ops.convert_to_tensor(x)))):
+        np.testing.assert_allclose(probs, np.exp(want_logp), rtol=2e-6, atol=1e-30)
+        np.testing.assert_array_equal(probs[0, 0], np.float32(1 / 255))
+        finite = np.isfinite(want_logp)
+        np.testing.assert_array_equal(np.isfinite(logp), finite)
+        np.testing.assert_allclose(logp[finite], want_logp[finite], rtol=2e-6, atol=2e-6)
+    # d sum(w * logp) / dx = w - sum(w) * softmax, for any shift of the rows.
+    w = rng.normal(size=x.shape).astype("float32")
+    w[0, 2, :100] = 0.0
+    grad = to_np(grads_of(lambda a: keras.ops.sum(current.log_softmax(a) * keras.ops.convert_to_tensor(w)), x)[0])
+    np.testing.assert_allclose(grad, w - w.sum(-1, keepdims=True) * np.exp(want_logp), rtol=1e-4, atol=1e-4)

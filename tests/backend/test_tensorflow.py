@@ -99,6 +99,31 @@ def test_the_layer_norm_fallback_is_a_cond_in_a_plain_graph_and_fused_under_xla(
     assert seen == {0: True, 1: False}
 
 
+def test_under_xla_the_decodes_softmax_and_the_losss_log_softmax_share_one_exp():
+    # The backend composes both from the same ops, so XLA computes `exp` of a logits tensor once for the
+    # decode, the loss and the loss's gradient; `tf.nn.softmax` and `tf.nn.log_softmax` took two.
+    import tensorflow as tf
+
+    from multicritic import backend
+
+    current = backend.current()
+
+    def exps(softmax, log_softmax):
+        def step(logits):
+            with tf.GradientTape() as tape:
+                tape.watch(logits)
+                value = tf.reduce_sum(tf.stop_gradient(softmax(logits)) * tf.range(255, dtype=tf.float32), -1)
+                loss = -tf.reduce_mean(log_softmax(logits)[..., 3])
+            return value, tape.gradient(loss, logits)
+
+        logits = tf.constant(np.random.default_rng(0).normal(size=(64, 255)).astype(np.float32))
+        hlo = tf.function(step, jit_compile=True).experimental_get_compiler_ir(logits)(stage="optimized_hlo")
+        return hlo.count(" exponential(")
+
+    assert exps(current.softmax, current.log_softmax) == 1
+    assert exps(tf.nn.softmax, tf.nn.log_softmax) == 2
+
+
 def _xla_step_hlo(trainer, batch):
     """The optimized HLO of the trainer's compiled direct step (XLA, traced for the batch's size) for `batch`."""
     import tensorflow as tf

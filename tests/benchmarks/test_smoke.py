@@ -109,7 +109,7 @@ def test_overflow_guard_variants_compute_the_same_values():
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch forward views")
 def test_decode_cost_variants_are_the_library_decode_and_its_neighbours():
     # The timed "ours" is the library's decode to the bit; the others decode the same probabilities to within
-    # the default support's float32 asymmetry and the sums' rounding (below 2e-6 in symlog units).
+    # the default support's float32 asymmetry and the sums' rounding (below 4e-6 in symlog units: two float32 ulps at 20).
     import torch
 
     from benchmarks.ours.decode_cost import decoders, variants
@@ -118,8 +118,8 @@ def test_decode_cost_variants_are_the_library_decode_and_its_neighbours():
     torch.manual_seed(1)
     probs = torch.softmax(torch.randn(64, 255) * 3.0, -1)
     decoded = {name: fn(probs) for name, fn in decoders().items()}
-    torch.testing.assert_close(decoded["pairs, whole rows (ours)"], expected_value(probs), rtol=0, atol=0)
+    torch.testing.assert_close(decoded["linear, whole rows (ours)"], expected_value(probs), rtol=0, atol=0)
     for name, value in decoded.items():
-        torch.testing.assert_close(value, decoded["plain"], rtol=0, atol=2e-6, msg=name)
+        torch.testing.assert_close(value, decoded["plain"], rtol=0, atol=4e-6, msg=name)
     with torch.no_grad():
         assert {name: fn().shape for name, fn in variants(4).items()} == {name: (4,) for name in decoded}
