@@ -128,6 +128,18 @@ def train_step_ratios(files, ours="multicritic", native="native"):
     return lines
 
 
+@table("first_input")
+def first_input(files):
+    """A single critic's step with the first Dense's input parts split or concatenated, per backend and batch."""
+    lines = ["| backend | step | batch | split ms | concatenated ms | concatenated / split |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in files[0]:
+        names = {"tensorflow": ("XLA", "graph"), "torch": ("compiled", "eager"), "jax": ("jit", "jit")}[r["backend"]]
+        lines.append(f"| {r['backend']} | {names[0] if r['jit_compile'] else names[1]} | {r['batch']} | "
+                     f"{r['split_ms']:.2f} | {r['concatenated_ms']:.2f} | {r['concatenated_over_split']:.3f} |")
+    return lines
+
+
 @table("forward_views")
 def forward_views(files):
     """PyTorch forward passes a host calls in its loops: ours against the same `nn.Module`, per entry point."""

@@ -251,10 +251,11 @@ def dispatch(script, args, child_args, run_this_backend, table):
             json.dump(records, f, indent=1)
 
 
-def timed_command(script, doc, argv, run_backend, table, batches, repeats, block_seconds):
+def timed_command(script, doc, argv, run_backend, table, batches, repeats, block_seconds, flags=()):
     """The command line of a benchmark timed per backend and batch (`--backend`, `--size`, `--batch`,
     `--repeats`, `--block-seconds`, `--json`): `run_backend(backend, size, batches, repeats, block_seconds)`
-    through `dispatch`; the other arguments are the defaults."""
+    through `dispatch`; the other arguments are the defaults. `flags`: `(name, help)` of switches the
+    benchmark adds, passed to `run_backend` as keyword arguments."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "all"), help=f"one of {BACKENDS} or all")
     parser.add_argument("--size", default="XS")
@@ -263,11 +264,15 @@ def timed_command(script, doc, argv, run_backend, table, batches, repeats, block
     parser.add_argument("--block-seconds", type=float, default=block_seconds, help="length of one timed block")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name, text in flags:
+        parser.add_argument(f"--{name}", action="store_true", help=text)
     args = parser.parse_args(argv)
+    switches = {name: getattr(args, name) for name, _ in flags}
     child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-             "--batch", *map(str, args.batch)]
+             "--batch", *map(str, args.batch)] + [f"--{name}" for name, on in switches.items() if on]
     dispatch(script, args, child,
-             lambda: run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds), table)
+             lambda: run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds, **switches),
+             table)
 
 
 # Each row's ratios: native time / ours (above 1: ours is faster), for these pairs where both were timed.

@@ -105,6 +105,10 @@ class Backend(abc.ABC):
     # the split saves the input's concatenation too: eager PyTorch), not from `in` rows (XLA folds the input's
     # scale and concatenation into the matmul's operand; TensorFlow's graph measured so too).
     kernel_scale_from_units: bool = False
+    # The first Dense's input parts (`h`, flat `z`) concatenated for one GEMM where its overflow scale goes on
+    # the kernel too (where it goes on the input, they always are): TensorFlow's XLA and graph run one GEMM of
+    # the concatenation faster than a GEMM per part; JAX's XLA and inductor run the GEMM per part faster.
+    concatenates_first_input: bool = False
     # An overflow guard's fallback (the LayerNorm's variance of a row past float32) in a cond, computed only for
     # a batch that needs it: graph-mode TensorFlow runs each op as a pass of its own; under XLA a cond splits
     # the fusions around it and materialises its operands (TensorFlow's backend answers per trace).

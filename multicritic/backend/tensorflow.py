@@ -183,6 +183,7 @@ class _SelectedAssignments:
 
 class TensorFlowBackend(Backend):
     name = "tensorflow"
+    concatenates_first_input = True
 
     @property
     def lazy_fallbacks(self):

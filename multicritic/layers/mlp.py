@@ -122,7 +122,8 @@ class MLP(keras.layers.Layer):
     may trace the layers without these guards; see
     `multicritic.backend.guard_scope`.) The first Dense also takes its
     input in parts (a list, e.g. `[h, flat_z]`): in one MLP each part meets
-    its own rows of the kernel and the concatenation is never made; an
+    its own rows of the kernel and the concatenation is never made (on
+    PyTorch and JAX, where that is the faster; TensorFlow concatenates); an
     ensemble concatenates them for one GEMM against all members' first
     kernels. With members the input must be `[B, in]` (rank 2: Keras's
     EinsumDense quantization needs explicit equations).
@@ -270,7 +271,8 @@ class MLP(keras.layers.Layer):
         scale = 1.0 if clips or unguarded else _FIRST_INPUT_SCALE
         # The scale goes where it costs less: on the input `[rows, in]` or on the kernel `[in, units]` (forward
         # and backward), from the backend's number of rows on (`Backend.kernel_scale_from_units`). On the
-        # kernel, each part of a single critic's input meets its own rows (no concatenation) on every backend.
+        # kernel, each part of a single critic's input meets its own rows (no concatenation) where the backend
+        # runs that faster (`Backend.concatenates_first_input`).
         # (A symbolic batch, as in an export's trace, counts as large.)
         lead = parts[0].shape[:-1]
         rows = math.prod(lead) if all(type(d) is int for d in lead) else None
@@ -279,7 +281,7 @@ class MLP(keras.layers.Layer):
         enough = (self.dense_hidden_units * (self.members or 1) if split and current.kernel_scale_from_units
                   else sum(int(p.shape[-1]) for p in parts))
         on_kernel = unguarded or (scale != 1.0 and (rows is None or rows >= enough))
-        if split and (not on_kernel or self.members is not None):
+        if split and (not on_kernel or self.members is not None or current.concatenates_first_input):
             # An ensemble's first layer is one wide GEMM: split, it is two GEMMs forward and backward whose
             # kernel gradients XLA and Grappler transpose apart.
             parts = [ops.concatenate(parts, axis=-1)]

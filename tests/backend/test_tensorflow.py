@@ -135,17 +135,18 @@ def _xla_step_hlo(trainer, batch):
 
 def test_the_xla_step_is_traced_for_its_batch_size_and_places_the_input_scale_by_it():
     """XLA compiles a program per batch size anyway; traced with that size, the first layer scales its input
-    (a batch smaller than the input's width: one GEMM of the concatenated input) or its kernel (two GEMMs of
-    the input parts against their rows of the kernel: one more per network forward, one more in the backward
-    pass), as on JAX. The plain graph keeps one trace for every batch size."""
+    (a batch smaller than the input's width) or its kernel (a larger one) by the overflow guard's 2^-32, as
+    on JAX. Either way TensorFlow concatenates `h` and `z` for one GEMM per network forward: the same number
+    of dots at both sizes. The plain graph keeps one trace for every batch size."""
     import re
 
     from multicritic import CriticNetwork, CriticTrainer
     from tests.conftest import random_inputs
 
     critic = CriticNetwork(model_size="nano")  # input width 16 + 4 * 4 = 32
+    units = critic.mlp.dense_hidden_units
     xla, graph = CriticTrainer(critic, jit_compile=True), CriticTrainer(critic, jit_compile=False)
-    dots = {}
+    dots, scaled = {}, {}
     for rows in (8, 64):
         h, z = random_inputs(critic, rows)
         batch = (h, z, np.ones(rows, "float32"), np.ones(rows, "float32"))
@@ -153,9 +154,34 @@ def test_the_xla_step_is_traced_for_its_batch_size_and_places_the_input_scale_by
         graph.train_step(*batch)
         text = _xla_step_hlo(xla, batch)
         dots[rows] = len(re.findall(r" dot\(", text[text.index("\nENTRY"):]))
+        # The shapes the scale's constant is broadcast to, wherever XLA fused the multiply.
+        constants = re.findall(r"%(\S+) = f32\[\] constant\(2\.32830644e-10\)", text)
+        scaled[rows] = {m.group(1) for c in constants
+                        for m in re.finditer(r"= (f32\[[\d,]+\])\S* broadcast\(%" + re.escape(c) + r"\)", text)}
     assert sorted(k[0][0][0] for k in xla._compiled["direct"].compiled) == [8, 64]
     assert [k[0][0][0] for k in graph._compiled["direct"].compiled] == [None]
-    assert dots[64] == dots[8] + 3, dots
+    assert scaled == {8: {"f32[8,32]"}, 64: {f"f32[32,{units}]"}}, scaled
+    assert dots[64] == dots[8], dots
+
+
+def test_a_single_critics_first_dense_is_one_gemm_of_the_concatenated_input():
+    """On TensorFlow (`concatenates_first_input`) `h` and `z` are concatenated for the first Dense wherever
+    the overflow scale goes, in the plain graph too: each network forward has one GEMM against the whole
+    kernel, none against a part of its rows."""
+    import tensorflow as tf
+
+    from multicritic import CriticNetwork
+    from tests.conftest import random_inputs
+
+    critic = CriticNetwork(model_size="nano")
+    h, z = random_inputs(critic, 64)
+    graph = tf.function(lambda h, z: critic(h, z)).get_concrete_function(
+        tf.TensorSpec([None, h.shape[1]], tf.float32), tf.TensorSpec([None, *z.shape[1:]], tf.float32)
+    ).graph
+    widths = [op.inputs[1].shape.as_list() for op in graph.get_operations() if op.type == "MatMul"]
+    kernel = critic.mlp.dense_layers[0].kernel.shape
+    assert widths.count(list(kernel)) == 1, widths
+    assert not [w for w in widths if w[1] == kernel[1] and w[0] < kernel[0]], widths
 
 
 @pytest.mark.parametrize("ensemble_size", [1, 3])

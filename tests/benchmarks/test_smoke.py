@@ -123,3 +123,22 @@ def test_decode_cost_variants_are_the_library_decode_and_its_neighbours():
         torch.testing.assert_close(value, decoded["plain"], rtol=0, atol=4e-6, msg=name)
     with torch.no_grad():
         assert {name: fn().shape for name, fn in variants(4).items()} == {name: (4,) for name in decoded}
+
+
+def test_first_input_benchmark_runs_and_both_ways_compute_the_same_loss(tmp_path):
+    # 64 rows: past the nano input's width (32), where the overflow scale goes on the kernel and the parts
+    # are split or concatenated by the benchmark's switch; the plain graph / eager step (no compilation here).
+    out = tmp_path / "first_input.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "first_input.py"), "--backend", BACKEND,
+         "--size", "nano", "--batch", "64", "--repeats", "2", "--block-seconds", "0.01", "--graph",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = json.loads(out.read_text())
+    assert record["backend"] == BACKEND and record["batch"] == 64
+    assert record["split_ms"] > 0 and record["concatenated_ms"] > 0 and record["concatenated_over_split"] > 0
+    split, concatenated = record["first_loss"]["split"], record["first_loss"]["concatenated"]
+    assert abs(concatenated - split) <= 1e-6 * abs(split), record["first_loss"]
+    assert "| concatenated / split |" in result.stdout
