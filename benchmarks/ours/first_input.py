@@ -27,9 +27,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from benchmarks.ours.train_step import _inputs, time_side_by_side, timed_command  # noqa: E402
+from benchmarks.render_tables import first_input as rendered  # noqa: E402
 
 WAYS = ("split", "concatenated")
-STEP_NAMES = {"tensorflow": ("XLA", "graph"), "torch": ("compiled", "eager"), "jax": ("jit", "jit")}
 
 
 def make_steps(size, batch, jit_compile, seed=0):
@@ -75,15 +75,10 @@ def run_backend(backend, size, batches, repeats, block_seconds, graph=False):
 
 
 def table(records):
-    lines = ["| backend | step | size | batch | split ms | concatenated ms | concatenated / split | first loss |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
-    for r in records:
-        step = STEP_NAMES[r["backend"]][0 if r["jit_compile"] else 1]
-        loss = r["first_loss"]
-        lines.append(f"| {r['backend']} | {step} | {r['size']} | {r['batch']} | {r['split_ms']:.2f} | "
-                     f"{r['concatenated_ms']:.2f} | {r['concatenated_over_split']:.3f} | "
-                     f"{loss['split']:.7g} / {loss['concatenated']:.7g} |")
-    return "\n".join(lines)
+    """The docs' table of the records, then each batch's first loss both ways."""
+    losses = [f"batch {r['batch']}: first loss {r['first_loss']['split']:.7g} split, "
+              f"{r['first_loss']['concatenated']:.7g} concatenated" for r in records]
+    return "\n".join(rendered([records]) + [""] + losses)
 
 
 def main(argv=None):
