@@ -140,6 +140,34 @@ def first_input(files):
     return lines
 
 
+@table("targets")
+def targets(files):
+    """The speed targets, each read in several rounds (benchmarks/ours/targets.py): every round's ratio."""
+    data = files[0]
+    lines = ["| target | bound | ratio per round | median | met in |", "|---|---:|---|---:|---:|"]
+    for t in data["targets"]:
+        sign = "<=" if t["benchmark"] == "ensemble" else ">="
+        rounds = ", ".join(f"{x:.3f}" for x in t["ratios"])
+        lines.append(f"| {t['target']} | {sign} {t['bound']} | {rounds} | {t['median']:.3f} | "
+                     f"{t['rounds_met']} of {len(t['ratios'])} |")
+    return lines + ["", f"`{data['command']}`"]
+
+
+@table("extras_cost")
+def extras_cost(files):
+    """The step with its work beyond the native step left out (benchmarks/ours/extras_cost.py), over the full."""
+    variants = ("guards", "diagnostics", "pairs", "all")
+    lines = ["| backend | batch | K | full ms | " + " | ".join(f"without {v}" for v in variants) + " | native |",
+             "|---|---:|---:|---:|" + "---:|" * len(variants) + "---|"]
+    for f in files:
+        for r in f:
+            natives = ", ".join(f"{n.replace('native_', '')} {r['over_full'][n]:.3f}" if n != "native" else
+                                f"{r['over_full'][n]:.3f}" for n in r["step_ms"] if n.startswith("native"))
+            lines.append(f"| {r['backend']} | {r['batch']} | {r['members']} | {r['step_ms']['full']:.2f} | "
+                         + " | ".join(f"{r['over_full'][v]:.3f}" for v in variants) + f" | {natives} |")
+    return lines + ["", "Time over the full step's (the median of each round's ratio): below 1 is faster."]
+
+
 @table("forward_views")
 def forward_views(files):
     """PyTorch forward passes a host calls in its loops: ours against the same `nn.Module`, per entry point."""

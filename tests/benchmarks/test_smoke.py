@@ -142,3 +142,59 @@ def test_first_input_benchmark_runs_and_both_ways_compute_the_same_loss(tmp_path
     split, concatenated = record["first_loss"]["split"], record["first_loss"]["concatenated"]
     assert abs(concatenated - split) <= 1e-6 * abs(split), record["first_loss"]
     assert "| concatenated / split |" in result.stdout
+
+
+def test_targets_benchmark_runs_rounds_and_reads_each_against_its_bound(tmp_path):
+    # One step target of this backend at batch 256, nano, two rounds of one short block (two processes each).
+    out = tmp_path / "targets.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "targets.py"), "--only", f"{BACKEND}-256",
+         "--rounds", "2", "--repeats", "1", "--size", "nano", "--block-seconds", "0.01", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["command"].startswith(f"python benchmarks/ours/targets.py --only {BACKEND}-256 --rounds 2")
+    (record,) = data["targets"]
+    assert record["target"] == f"{BACKEND}-256" and record["backend"] == BACKEND and record["size"] == "nano"
+    assert len(record["ratios"]) == len(record["ours_ms"]) == len(record["native_ms"]) == 2
+    for ratio, ours, native in zip(record["ratios"], record["ours_ms"], record["native_ms"]):
+        assert ours > 0 and native > 0 and ratio == pytest.approx(native / ours)
+    assert record["rounds_met"] == sum(r >= record["bound"] for r in record["ratios"])
+    assert f"| {BACKEND}-256 | >= {record['bound']} |" in result.stdout
+
+
+def test_targets_read_a_step_as_native_over_ours_and_an_ensemble_as_ours_over_native():
+    sys.path.insert(0, ROOT)
+    from benchmarks.ours import targets
+
+    step, ensemble = targets.TARGETS["jax-4096"], targets.TARGETS["tensorflow-ensemble-4096"]
+    assert targets._ratio(step, ours=2.0, native=1.9) == pytest.approx(0.95) and targets._meets(step, 0.95)
+    assert not targets._meets(step, 0.94)
+    assert targets._ratio(ensemble, ours=2.1, native=2.0) == pytest.approx(1.05) and targets._meets(ensemble, 1.05)
+    assert not targets._meets(ensemble, 1.06)
+    assert set(targets.TARGETS["tensorflow-4096"]["natives"]) == {"native", "native_xla"}
+    with pytest.raises(SystemExit):
+        targets.main(["--rounds", "0"])
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="extras_cost.py: steps traced once per shape (TensorFlow, JAX)")
+def test_extras_cost_benchmark_runs_and_each_variant_trains_to_the_same_first_loss(tmp_path):
+    out = tmp_path / "extras.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "extras_cost.py"), "--backend", BACKEND,
+         "--size", "nano", "--batch", "16", "--members", "2", "--repeats", "1", "--block-seconds", "0.01",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = json.loads(out.read_text())
+    assert record["backend"] == BACKEND and record["members"] == 2 and record["batch"] == 16
+    natives = {"native_graph", "native_xla"} if BACKEND == "tensorflow" else {"native"}
+    assert set(record["step_ms"]) == {"full", "guards", "diagnostics", "pairs", "all"} | natives
+    assert all(ms > 0 for ms in record["step_ms"].values()) and record["over_full"]["full"] == 1.0
+    # What is left out changes no loss of finite data (the plain decode moves the EMA's targets by rounding).
+    full = record["first_loss"]["full"]
+    for name, loss in record["first_loss"].items():
+        assert abs(loss - full) <= 1e-5 * abs(full), (name, record["first_loss"])
+    assert "| without guards |" in result.stdout
