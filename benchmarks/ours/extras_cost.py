@@ -32,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from benchmarks.ours.train_step import _inputs, dispatch, time_side_by_side  # noqa: E402
+from benchmarks.ours.train_step import make_impls as native_steps  # noqa: E402
 from benchmarks.render_tables import extras_cost as rendered  # noqa: E402
 
 BACKENDS = ("tensorflow", "jax")
@@ -70,14 +71,16 @@ def left_out(variant):
         "pairs": lambda: [_patched(bins, "_decode_table", lambda *args: None)],
     }
     stack = contextlib.ExitStack()
-    for name in (("guards", "diagnostics", "pairs") if variant == "all" else (variant,)):
+    for name in (tuple(parts) if variant == "all" else (variant,)):
         for patch in parts[name]():
             stack.enter_context(patch)
     return stack
 
 
-def make_impls(backend, size, members, data):
-    """`{name: step}`: the full step, each variant (traced on `data` in its context) and the native step(s)."""
+def make_impls(backend, size, batch, members, data):
+    """`{name: step}`: the full step, each variant (traced on `data` in its context) and the native step(s):
+    `train_step.py`'s for one critic (`native`, on TensorFlow also `native_xla`), the vectorised native
+    ensemble for `members` > 1 (the same names)."""
     import keras
 
     from multicritic import CriticNetwork, CriticTrainer, get_model_dims
@@ -92,19 +95,17 @@ def make_impls(backend, size, members, data):
         with contextlib.nullcontext() if name == "full" else left_out(name):
             first_loss[name] = float(t.train_step(*data)["total"])
         impls[name] = t.train_step
+    natives = ("native", "native_xla") if backend == "tensorflow" else ("native",)
+    if members == 1:
+        impls.update(native_steps(backend, size, batch, natives)[0])
+        return impls, first_loss
     dims = get_model_dims(size)
     in_dim = dims["gru_units"] + dims["num_z_categoricals"] * dims["num_z_classes"]
-    shape = (in_dim, dims["dense_hidden_units"], dims["num_dense_layers"])
-    if members == 1:
-        native = __import__(f"benchmarks.native.native_{backend}", fromlist=["make_step"])
-        make = lambda **kw: native.make_step(*shape, **kw)  # noqa: E731
-    else:
-        native = __import__(f"benchmarks.native.native_ensemble_{backend}", fromlist=["make_step"])
-        make = lambda **kw: native.make_step(members, *shape, **kw)  # noqa: E731
-    if backend == "tensorflow":
-        impls["native_graph"], impls["native_xla"] = make(jit_compile=False), make(jit_compile=True)
-    else:
-        impls["native"] = make()
+    native = __import__(f"benchmarks.native.native_ensemble_{backend}", fromlist=["make_step"])
+    for name in natives:
+        kwargs = {"jit_compile": name == "native_xla"} if backend == "tensorflow" else {}
+        impls[name] = native.make_step(members, in_dim, dims["dense_hidden_units"], dims["num_dense_layers"],
+                                       **kwargs)
     return impls, first_loss
 
 
@@ -118,7 +119,7 @@ def run_backend(backend, size, batches, members, repeats, block_seconds):
     for batch in batches:
         data = _inputs(backend, batch, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"],
                        seed=batch)
-        impls, first_loss = make_impls(backend, size, members, data)
+        impls, first_loss = make_impls(backend, size, batch, members, data)
         times, count = time_side_by_side(backend, impls, data, repeats, block_seconds)
         full = times["full"]
         records.append({

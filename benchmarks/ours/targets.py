@@ -134,7 +134,7 @@ def main(argv=None):
     names = args.only or list(TARGETS)
     results = run(names, args.rounds, args.repeats, args.size, args.block_seconds)
     command = ["python benchmarks/ours/targets.py", "--only", *names, "--rounds", str(args.rounds),
-                   "--repeats", str(args.repeats)]
+               "--repeats", str(args.repeats)]
     command += [] if args.size == "XS" else ["--size", args.size]
     command += [] if args.block_seconds is None else ["--block-seconds", str(args.block_seconds)]
     data = {"command": " ".join(command), "targets": list(results.values())}

@@ -190,7 +190,7 @@ def test_extras_cost_benchmark_runs_and_each_variant_trains_to_the_same_first_lo
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = json.loads(out.read_text())
     assert record["backend"] == BACKEND and record["members"] == 2 and record["batch"] == 16
-    natives = {"native_graph", "native_xla"} if BACKEND == "tensorflow" else {"native"}
+    natives = {"native", "native_xla"} if BACKEND == "tensorflow" else {"native"}
     assert set(record["step_ms"]) == {"full", "guards", "diagnostics", "pairs", "all"} | natives
     assert all(ms > 0 for ms in record["step_ms"].values()) and record["over_full"]["full"] == 1.0
     # What is left out changes no loss of finite data (the plain decode moves the EMA's targets by rounding).
