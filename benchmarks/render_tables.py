@@ -111,6 +111,28 @@ def train_step(files, backends=None, batches=None, ours="multicritic", native="n
     return lines + ["", _peaks_line(peaks, sorted(set(shown)))]
 
 
+# The GPU table's columns: multicritic's steps, then the native ones (a name missing from a run shows "–").
+GPU_IMPLS = (("multicritic", "ours compiled"), ("multicritic_eager", "ours eager"), ("native", "native eager"),
+             ("native_compiled", "native torch.compile"), ("native_cudagraphs", "native CUDA graphs"))
+
+
+@table("gpu_train_step")
+def gpu_train_step(files):
+    """`results_gpu.json` (every `train_step*` part): each step's ms (first call s) per backend, size and batch,
+    and the fastest native step's time / ours."""
+    records = [r for part, recs in files[0].items() if part.startswith("train_step") for r in recs]
+    rows, peaks = _pairs(records)
+    lines = ["| backend | size | batch | " + " | ".join(label for _, label in GPU_IMPLS) +
+             " | fastest native / ours |", "|---|---|---:|" + "---:|" * (len(GPU_IMPLS) + 1)]
+    for (backend, size, batch), impls in sorted(rows.items()):
+        cells = [f"{impls[n]['step_ms']:.2f} ({impls[n]['first_call_s']:.1f} s)" if n in impls else "–"
+                 for n, _ in GPU_IMPLS]
+        natives = [r["step_ms"] for n, r in impls.items() if n.startswith("native")]
+        ratio = _ratio(min(natives) / impls["multicritic"]["step_ms"]) if natives and "multicritic" in impls else "–"
+        lines.append(f"| {backend} | {size} | {batch} | " + " | ".join(cells) + f" | {ratio} |")
+    return lines + ["", f"Machine: {'; '.join(files[0]['machine'])}. " + _peaks_line(peaks, sorted(peaks))]
+
+
 @table("train_step_ratios")
 def train_step_ratios(files, ours="multicritic", native="native"):
     """Compact: native time / ours, one row per backend, one column per batch."""
@@ -265,14 +287,15 @@ def ensemble(files):
              "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for (backend, size, batch), r in sorted(rows.items()):
         native = fastest_native(r)
-        if native is None or not {"single", "ensemble", "loop"} <= set(r):
+        if native is None or not {"single", "ensemble"} <= set(r):
             continue
-        ms = {k: r[k]["step_ms"] for k in ("single", "ensemble", "loop", native)}
+        ms = {k: r[k]["step_ms"] for k in ("single", "ensemble", "loop", native) if k in r}
+        loop = (f"{ms['loop']:.2f}", f"{ms['loop'] / ms['single']:.2f}") if "loop" in ms else ("–", "–")
         k = r["ensemble"]["members"]
         label = "XLA" if native == "native_xla" else ("graph" if backend == "tensorflow" else "–")
-        lines.append(f"| {backend} | {batch} | {ms['single']:.1f} | {ms['ensemble']:.1f} | {ms['loop']:.1f} | "
-                     f"{ms[native]:.1f} | {label} | {ms['ensemble'] / ms['single']:.2f} | "
-                     f"{ms['loop'] / ms['single']:.2f} | {ms['ensemble'] / ms[native]:.2f} |")
+        lines.append(f"| {backend} | {batch} | {ms['single']:.2f} | {ms['ensemble']:.2f} | {loop[0]} | "
+                     f"{ms[native]:.2f} | {label} | {ms['ensemble'] / ms['single']:.2f} | "
+                     f"{loop[1]} | {ms['ensemble'] / ms[native]:.2f} |")
     members = sorted({r["ensemble"]["members"] for r in rows.values() if "ensemble" in r})
     return lines + ["", f"K = {', '.join(map(str, members))} members; size {', '.join(sorted({s for _, s, _ in rows}))}."]
 

@@ -75,7 +75,8 @@ class Ensemble:
     def __init__(self, members, in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0,
                  grad="autograd", fused=True, compile_update=False):
         torch.manual_seed(seed)
-        copies = [_critic(in_dim, units, layers) for _ in range(members)]
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # where Keras puts multicritic's variables
+        copies = [_critic(in_dim, units, layers).to(device) for _ in range(members)]
         params, buffers = stack_module_state(copies)
         self.base = copy.deepcopy(copies[0]).to("meta")
         self.names = list(params)
@@ -106,13 +107,13 @@ class Ensemble:
         """Sets the fast and EMA parameters from dicts of stacked arrays named like `self.names`."""
         with torch.no_grad():
             for name in self.names:
-                self.params[name].copy_(torch.as_tensor(fast[name]))
-                self.ema[name].copy_(torch.as_tensor(ema[name]))
+                self.params[name].copy_(torch.as_tensor(fast[name], device=self.params[name].device))
+                self.ema[name].copy_(torch.as_tensor(ema[name], device=self.ema[name].device))
 
     def _update(self, grads):
         params, ema = list(self.params.values()), list(self.ema.values())
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        factor = self.clip * torch.minimum(1.0 / norm, torch.tensor(1.0 / self.clip))  # tf.clip_by_global_norm's
+        factor = self.clip * torch.clamp(1.0 / norm, max=1.0 / self.clip)  # tf.clip_by_global_norm's
         torch._foreach_mul_(grads, factor)
         for p, g in zip(params, grads):
             p.grad = g

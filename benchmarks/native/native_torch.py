@@ -121,7 +121,11 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
             ema_value, _ = ema(h, z)
         return loss_from(logits, ema_value, targets, weights, two_hot)
 
+    cuda_graphs = jit_compile == "reduce-overhead"
+
     def step(h, z, targets, weights):
+        if cuda_graphs:  # a new step: the last one's graph outputs may be overwritten (PyTorch's recipe)
+            torch.compiler.cudagraph_mark_step_begin()
         loss = forward_loss(h, z, targets, weights)
         if optimizer == "fused":
             opt.zero_grad(set_to_none=True)
@@ -162,8 +166,10 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
         # epsilon changes on the host every step, which would recompile).
         if optimizer == "fused":
             raise ValueError("optimizer: 'fused' with jit_compile=True; the compiled step takes 'foreach'.")
-        forward_loss = torch.compile(forward_loss, fullgraph=True)
-        update = torch.compile(update, fullgraph=True)
+        # `jit_compile="reduce-overhead"`: the same with CUDA graphs (PyTorch's recipe for small steps on a GPU).
+        mode = jit_compile if isinstance(jit_compile, str) else None
+        forward_loss = torch.compile(forward_loss, fullgraph=True, mode=mode)
+        update = torch.compile(update, fullgraph=True, mode=mode)
 
     def read(which):
         return {k: v.detach().cpu().numpy().copy() for k, v in (critic if which == "fast" else ema).state_dict().items()

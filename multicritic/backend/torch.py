@@ -421,10 +421,11 @@ class TorchBackend(Backend):
         return not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
 
     def constant(self, values):
-        # `torch.compile` cannot trace numpy: inside it, the Python floats. Nor is a tensor made while a
-        # tracer (`make_fx`, fake tensors) runs cached: it belongs to that trace.
+        # `torch.compile` cannot trace numpy: inside it, the Python floats, on Keras's device like the
+        # variables (a CPU table in a CUDA trace fails it). Nor is a tensor made while a tracer (`make_fx`,
+        # fake tensors) runs cached: it belongs to that trace.
         if torch_step.tracing():
-            return torch.tensor(list(values), dtype=torch.float32)
+            return torch.tensor(list(values), dtype=torch.float32, device=keras_torch.get_device())
         # Eager: one tensor per table and device, made once (a new one per use cost a tensor's construction
         # and copy a few times per step). Nothing writes into these. Made outside inference mode: a first
         # use under `torch.inference_mode()` would otherwise cache an inference tensor, which autograd

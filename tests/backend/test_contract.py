@@ -194,6 +194,18 @@ def test_constant_is_its_table_in_float32_made_once_per_device_on_eager_pytorch(
         assert current.constant(table) is got  # no new tensor per use in an eager step
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's traced step")
+def test_a_constant_made_inside_a_trace_is_on_the_variables_device(monkeypatch):
+    # A CPU table in a CUDA step's trace fails its compilation (found on a GPU); here the device Keras puts
+    # the variables on is made "meta" so that a table left on the CPU shows on a CPU-only machine.
+    import multicritic.backend.torch as torch_backend
+
+    monkeypatch.setattr(torch_backend.keras_torch, "get_device", lambda: "meta")
+    monkeypatch.setattr(torch_backend.torch_step, "tracing", lambda: True)
+    got = backend.current().constant((0.5, 1.5))
+    assert got.device.type == "meta" and tuple(got.shape) == (2,)
+
+
 def test_blend_from_trainable_values_leaves_no_gradient_history():
     import numpy as np
 

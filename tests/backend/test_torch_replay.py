@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork
-from tests.conftest import BACKEND, randomize
+from tests.conftest import BACKEND, randomize, to_np
 
 pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="graph replays: PyTorch backend only")
 
@@ -231,7 +231,7 @@ def test_inputs_are_still_checked_and_non_tensors_take_the_keras_path():
         critic.on_latent(latent[..., :-1])
     with pytest.raises(ValueError, match="outputs: got 'probs'"):
         critic.on_latent(latent, outputs="probs")
-    numpy_out = critic(h.numpy(), z.numpy())
+    numpy_out = critic(to_np(h), to_np(z))
     assert_bit_identical(numpy_out, critic(h, z))
     with keras.StatelessScope():  # the Keras path (a stateless call reads mapped values)
         assert_bit_identical(critic(h, z), keras_path(lambda: critic(h, z)))

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import BACKEND
+from tests.conftest import BACKEND, to_np
 
 pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="PyTorch backend only")
 
@@ -51,8 +51,9 @@ def eager_step(program, x, y):
 
 def data(seed, rows=5):
     rng = np.random.default_rng(seed)
-    return torch.tensor(rng.normal(size=(rows, 3)).astype("float32")), torch.tensor(
-        rng.normal(size=(rows, 2)).astype("float32"))
+    # On Keras's device, where the variables are (a GPU when there is one).
+    return (keras.ops.convert_to_tensor(rng.normal(size=(rows, 3)).astype("float32")),
+            keras.ops.convert_to_tensor(rng.normal(size=(rows, 2)).astype("float32")))
 
 
 @pytest.mark.parametrize("compiler", ["aten", "inductor"])
@@ -66,7 +67,7 @@ def test_steps_match_eager_and_update_the_variables_in_place(compiler):
         got = step(*data(seed))
         assert set(got) == set(want)
         for name in want:
-            np.testing.assert_allclose(got[name].numpy(), want[name].detach().numpy(), rtol=1e-6, err_msg=name)
+            np.testing.assert_allclose(to_np(got[name]), to_np(want[name].detach()), rtol=1e-6, err_msg=name)
     np.testing.assert_allclose(w.numpy(), want_w.numpy(), rtol=1e-6)
     assert float(steps.numpy()) == float(want_steps.numpy()) == 4.0
     assert w.value is tensor  # the same storage, written in place
