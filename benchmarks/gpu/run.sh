@@ -8,10 +8,11 @@
 #
 # What it runs, most wanted first, each part under its own time limit and all of them inside BUDGET seconds
 # (default 540), so that a slow part cannot take the others' results with it: the PyTorch compiled-step tests
-# on the GPU (CUDA-graph replay against eager); the train step at XS, batch 256 / 4096 / 15360, ours (compiled:
-# CUDA graphs; and eager) against the native step (eager, torch.compile'd, CUDA graphs), one process per batch; JAX's
-# step at XS and S; a K=5 ensemble against the native vectorised ensemble at 256 and 4096; the forward passes a
-# host calls in its loops; PyTorch at S. The merged JSON is rewritten after every part.
+# on the GPU (CUDA-graph replay against eager); the forward passes a host calls in its loops; the kernels of
+# JAX's step and the native one (XLA's dump); the train step at XS, batch 256 / 4096 / 15360, ours (compiled:
+# CUDA graphs; and eager) against the native step (eager, torch.compile'd, CUDA graphs), one process per
+# batch, and JAX's; a K=5 ensemble against the native vectorised ensemble at 256 and 4096; size S. The merged
+# JSON is rewritten after every part.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-benchmarks/results}"
@@ -66,24 +67,25 @@ part() {  # part NAME SECONDS BACKEND COMMAND... (COMMAND gets `--json PATH` unl
   merge
 }
 
-part tests_torch_cuda 60 torch python3 -m pytest -q -x -p no:cacheprovider --durations=6 \
-  tests/backend/test_torch_step.py tests/backend/test_torch.py -k "not forward_passes"
+part tests_torch_cuda 90 torch python3 -m pytest -q -x -p no:cacheprovider --durations=6 \
+  tests/backend/test_torch_step.py tests/backend/test_torch.py
 torch_step() {  # torch_step SIZE BATCH SECONDS
   local impls=(multicritic multicritic_eager native native_compiled)
   (($2 < 15360)) && impls+=(native_cudagraphs)
   part "train_step_torch_$1_$2" "$3" torch python3 benchmarks/ours/train_step.py --backend torch \
     --size "$1" --batch "$2" --repeats 5 --block-seconds 0.4 --impls "${impls[@]}"
 }
+part forward_views 70 torch python3 benchmarks/ours/forward_views.py --repeats 5 --block-seconds 0.1
+part step_kernels_jax 40 jax python3 benchmarks/ours/step_kernels.py --backend jax --batch 256 4096
 torch_step XS 256 70
-torch_step XS 4096 65
 part train_step_jax 80 jax python3 benchmarks/ours/train_step.py --backend jax \
   --size XS --batch 256 4096 15360 --repeats 5 --block-seconds 0.3
-part forward_views 40 torch python3 benchmarks/ours/forward_views.py --repeats 5 --block-seconds 0.2
+part ensemble_jax 60 jax python3 benchmarks/ours/ensemble.py --backend jax --size XS \
+  --batch 256 4096 --members 5 --impls single ensemble native --repeats 5 --block-seconds 0.4
+torch_step XS 4096 65
 torch_step XS 15360 55
 part ensemble_torch 60 torch python3 benchmarks/ours/ensemble.py --backend torch --size XS \
   --batch 256 4096 --members 5 --impls single ensemble native --repeats 5 --block-seconds 0.4 --jit-compile
-part ensemble_jax 45 jax python3 benchmarks/ours/ensemble.py --backend jax --size XS \
-  --batch 256 4096 --members 5 --impls single ensemble native --repeats 5 --block-seconds 0.4
 if python3 -c "import tensorflow" 2>/dev/null; then
   part train_step_tensorflow 90 tensorflow python3 benchmarks/ours/train_step.py --backend tensorflow \
     --size XS --batch 256 4096 15360 --repeats 5 --block-seconds 0.4

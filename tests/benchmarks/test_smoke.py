@@ -198,3 +198,44 @@ def test_extras_cost_benchmark_runs_and_each_variant_trains_to_the_same_first_lo
     for name, loss in record["first_loss"].items():
         assert abs(loss - full) <= 1e-5 * abs(full), (name, record["first_loss"])
     assert "| without guards |" in result.stdout
+
+
+def test_step_kernels_counts_the_entry_computations_launching_instructions():
+    sys.path.insert(0, ROOT)
+    from benchmarks.ours.step_kernels import entry_ops
+
+    hlo = """HloModule step
+
+%fused_computation (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %n = f32[8]{0} negate(%p)
+}
+
+ENTRY %main (a: f32[8], b: f32[8,8]) -> (f32[8], f32[8]) {
+  %a = f32[8]{0} parameter(0)
+  %b = f32[8,8]{1,0} parameter(1)
+  %c = f32[] constant(1)
+  %fusion = f32[8]{0} fusion(%a), kind=kLoop, calls=%fused_computation
+  %gemm = (f32[8]{0}, s8[0]{0}) custom-call(%b, %a), custom_call_target="__cublas$gemm"
+  %gte = f32[8]{0} get-tuple-element(%gemm), index=0
+  %r = f32[8]{0} bitcast(%gte)
+  ROOT %t = (f32[8]{0}, f32[8]{0}) tuple(%fusion, %r)
+}
+"""
+    assert entry_ops(hlo) == {"fusion": 1, "custom-call": 1}  # the fused computation's negate is not counted
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="XLA's dumps (JAX, TensorFlow)")
+def test_step_kernels_benchmark_runs(tmp_path):
+    out = tmp_path / "kernels.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "step_kernels.py"), "--backend", BACKEND,
+         "--size", "nano", "--batch", "8", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads(out.read_text())
+    assert [r["impl"] for r in records] == ["multicritic", "native" if BACKEND == "jax" else "native_xla"]
+    for r in records:
+        assert r["batch"] == 8 and r["ops"].get("fusion", 0) > 0 and "parameter" not in r["ops"]
+    assert "| launches |" in result.stdout
