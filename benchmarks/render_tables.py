@@ -119,17 +119,20 @@ GPU_IMPLS = (("multicritic", "ours compiled"), ("multicritic_eager", "ours eager
 @table("gpu_train_step")
 def gpu_train_step(files):
     """`results_gpu.json` (every `train_step*` part): each step's ms (first call s) per backend, size and batch,
-    and the fastest native step's time / ours."""
+    the fastest native step's time / ours, and how long a call of ours holds the host (where the run measured
+    it: a step that takes no longer than that is bound by the host, not the GPU)."""
     records = [r for part, recs in files[0].items() if part.startswith("train_step") for r in recs]
     rows, peaks = _pairs(records)
     lines = ["| backend | size | batch | " + " | ".join(label for _, label in GPU_IMPLS) +
-             " | fastest native / ours |", "|---|---|---:|" + "---:|" * (len(GPU_IMPLS) + 1)]
+             " | fastest native / ours | ours: host ms a call |", "|---|---|---:|" + "---:|" * (len(GPU_IMPLS) + 2)]
     for (backend, size, batch), impls in sorted(rows.items()):
         cells = [f"{impls[n]['step_ms']:.2f} ({impls[n]['first_call_s']:.1f} s)" if n in impls else "–"
                  for n, _ in GPU_IMPLS]
         natives = [r["step_ms"] for n, r in impls.items() if n.startswith("native")]
         ratio = _ratio(min(natives) / impls["multicritic"]["step_ms"]) if natives and "multicritic" in impls else "–"
-        lines.append(f"| {backend} | {size} | {batch} | " + " | ".join(cells) + f" | {ratio} |")
+        host = impls.get("multicritic", {}).get("host_ms")
+        lines.append(f"| {backend} | {size} | {batch} | " + " | ".join(cells) + f" | {ratio} | " +
+                     ("–" if host is None else f"{host:.2f}") + " |")
     return lines + ["", f"Machine: {'; '.join(files[0]['machine'])}. " + _peaks_line(peaks, sorted(peaks))]
 
 

@@ -67,8 +67,8 @@ part() {  # part NAME SECONDS BACKEND COMMAND... (COMMAND gets `--json PATH` unl
   merge
 }
 
-part tests_torch_cuda 90 torch python3 -m pytest -q -x -p no:cacheprovider --durations=6 \
-  tests/backend/test_torch_step.py tests/backend/test_torch.py
+part tests_torch_cuda 120 torch python3 -m pytest -q -p no:cacheprovider --durations=6 \
+  tests/backend/test_torch_step.py tests/backend/test_torch.py tests/backend/test_torch_replay.py
 torch_step() {  # torch_step SIZE BATCH SECONDS
   local impls=(multicritic multicritic_eager native native_compiled)
   (($2 < 15360)) && impls+=(native_cudagraphs)

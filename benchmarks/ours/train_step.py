@@ -117,6 +117,18 @@ def _time_block(backend, step, data, count):
 
 
 
+def host_seconds(backend, step, data, calls=11):
+    """Median seconds until a call returns, the device idle before each: the host's share of a step (all of
+    it when the step runs synchronously; on an accelerator, a step slower than this is bound by the device)."""
+    seconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        metrics = step(*data)
+        seconds.append(time.perf_counter() - start)
+        _sync(backend, metrics)
+    return statistics.median(seconds)
+
+
 def time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=False):
     """Seconds per step of each implementation, `repeats` blocks each, in alternating order (A B .., .. B A).
 
@@ -211,6 +223,7 @@ def run_backend(backend, pairs, repeats, block_seconds, wanted=None):
         dims = get_model_dims(size)
         data = _inputs(backend, batch, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"], seed=batch)
         times, count, first = time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=True)
+        host = {name: host_seconds(backend, impls[name], data) for name in times}
         flops = step_flops(in_dim, units, layers, 255, batch)
         for name, values in times.items():
             ms = statistics.median(values) * 1e3
@@ -226,6 +239,7 @@ def run_backend(backend, pairs, repeats, block_seconds, wanted=None):
                     "utilization": flops / (ms / 1e3) / (peak * 1e9),
                     "repeats": repeats,
                     "first_call_s": first[name],
+                    "host_ms": host[name] * 1e3,
                     "steps_per_block": count,
                 }
             )

@@ -47,7 +47,8 @@ def critic_and_inputs(seed=0, **options):
     latent = torch.randn(3, 5, critic.latent_size, generator=g)
     h = torch.randn(6, critic.gru_units, generator=g)
     z = torch.softmax(torch.randn(6, critic.num_z_categoricals, critic.num_z_classes, generator=g), -1)
-    return critic, latent, h, z
+    device = critic.fast_weights[0].value.device  # a host's tensors are where its critic is (a GPU when there is one)
+    return critic, latent.to(device), h.to(device), z.to(device)
 
 
 ENTRIES = {
@@ -203,11 +204,11 @@ def test_each_input_signature_has_its_own_graph_up_to_a_limit(monkeypatch):
     critic, _, _, _ = critic_and_inputs()
     monkeypatch.setattr(torch_replay, "MAX_SIGNATURES", 3)
     for rows in range(1, 7):
-        latent = torch.randn(rows, critic.latent_size)
+        latent = torch.randn(rows, critic.latent_size, device=critic.fast_weights[0].value.device)
         for _ in range(2):
             assert_bit_identical(critic.on_latent(latent), keras_path(lambda: critic.on_latent(latent)))
     assert len(torch_replay.graphs(critic)) == 3
-    half = torch.randn(4, critic.latent_size, dtype=torch.float16)
+    half = torch.randn(4, critic.latent_size, dtype=torch.float16, device=critic.fast_weights[0].value.device)
     assert_bit_identical(critic.on_latent(half), keras_path(lambda: critic.on_latent(half)))
 
 

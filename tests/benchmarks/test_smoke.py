@@ -32,6 +32,7 @@ def test_train_step_benchmark_runs(tmp_path):
     for r in steps:
         assert r["backend"] == BACKEND and r["size"] == "nano"
         assert r["step_ms"] > 0 and r["samples_per_s"] > 0 and 0 < r["utilization"] and r["first_call_s"] > 0
+        assert 0 < r["host_ms"] < 100 * r["step_ms"]
     assert f"native/{ours} " in result.stdout
 
 
