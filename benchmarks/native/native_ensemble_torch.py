@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state
 
-from benchmarks.native.native_torch import Critic, symlog, two_hot_parts  # the single-critic baseline's pieces
+from benchmarks.native.native_torch import DEVICE, Critic, symlog, two_hot_parts  # the single-critic baseline's pieces
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
@@ -75,8 +75,7 @@ class Ensemble:
     def __init__(self, members, in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0,
                  grad="autograd", fused=True, compile_update=False):
         torch.manual_seed(seed)
-        device = "cuda" if torch.cuda.is_available() else "cpu"  # where Keras puts multicritic's variables
-        copies = [_critic(in_dim, units, layers).to(device) for _ in range(members)]
+        copies = [_critic(in_dim, units, layers).to(DEVICE) for _ in range(members)]
         params, buffers = stack_module_state(copies)
         self.base = copy.deepcopy(copies[0]).to("meta")
         self.names = list(params)

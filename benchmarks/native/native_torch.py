@@ -25,6 +25,9 @@ import copy
 import torch
 from torch import nn
 
+# Where Keras puts multicritic's variables, so the native steps run beside them.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
 
@@ -96,19 +99,18 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
               two_hot="gather", optimizer="foreach"):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(fast, ema)` state dicts to start from
     (`step.read("fast" | "ema")` reads them back); `two_hot`, `optimizer`: the variant (see `VARIANTS`)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # where Keras puts multicritic's variables
-    critic = Critic(in_dim, units, layers).to(device)
+    critic = Critic(in_dim, units, layers).to(DEVICE)
     ema = copy.deepcopy(critic).requires_grad_(False)
     if initial is not None:
         for module, state in zip((critic, ema), initial):
-            module.load_state_dict({k: torch.as_tensor(v, device=device) for k, v in state.items()}, strict=False)
+            module.load_state_dict({k: torch.as_tensor(v, device=DEVICE) for k, v in state.items()}, strict=False)
     params = list(critic.parameters())
     ema_params = list(ema.parameters())
     # Adam with Keras's epsilon placement (`lr_t * m / (sqrt(v) + eps)`, as CriticTrainer's), in foreach ops
     # or through torch.optim.Adam's fused kernel (which adds epsilon after the bias correction: see update()).
     moments = [torch.zeros_like(p) for p in params]
     velocities = [torch.zeros_like(p) for p in params]
-    count = torch.zeros((), device=device)
+    count = torch.zeros((), device=DEVICE)
     steps = [0]  # the fused optimizer's step count, on the host (its epsilon is a Python float)
     if optimizer == "fused":
         opt = torch.optim.Adam(params, lr=lr, betas=(0.9, 0.999), fused=True)

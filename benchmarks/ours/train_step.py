@@ -27,12 +27,9 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, ROOT)
 
-from benchmarks import options_for  # noqa: E402
+from benchmarks import KEEP_GOING, options_for  # noqa: E402
 
 BACKENDS = ("tensorflow", "torch", "jax")
-# An implementation that fails in its warm-up is reported on stderr and left out instead of ending the run (the
-# GPU script's setting: one command on a lent machine should bring back what did run).
-KEEP_GOING = os.environ.get("MULTICRITIC_BENCH_KEEP_GOING") == "1"
 
 
 def step_flops(in_dim, units, layers, buckets, batch):
@@ -198,8 +195,10 @@ def make_impls(backend, size, batch, wanted):
     in_dim = gru + dims["num_z_categoricals"] * dims["num_z_classes"]
     impls = {}
     for name in wanted:
-        compiled = name.endswith(("_compiled", "_xla")) or (name == "multicritic" and backend != "jax")
-        compiled = "reduce-overhead" if name == "native_cudagraphs" else compiled
+        if name == "native_cudagraphs":
+            compiled = "reduce-overhead"
+        else:
+            compiled = name.endswith(("_compiled", "_xla")) or (name == "multicritic" and backend != "jax")
         if name.startswith("multicritic"):
             keras.utils.set_random_seed(0)
             impls[name] = CriticTrainer(CriticNetwork(model_size=size), jit_compile=compiled).train_step

@@ -203,12 +203,13 @@ def test_a_changed_layer_structure_is_traced_anew(change):
 def test_each_input_signature_has_its_own_graph_up_to_a_limit(monkeypatch):
     critic, _, _, _ = critic_and_inputs()
     monkeypatch.setattr(torch_replay, "MAX_SIGNATURES", 3)
+    device = critic.fast_weights[0].value.device
     for rows in range(1, 7):
-        latent = torch.randn(rows, critic.latent_size, device=critic.fast_weights[0].value.device)
+        latent = torch.randn(rows, critic.latent_size, device=device)
         for _ in range(2):
             assert_bit_identical(critic.on_latent(latent), keras_path(lambda: critic.on_latent(latent)))
     assert len(torch_replay.graphs(critic)) == 3
-    half = torch.randn(4, critic.latent_size, dtype=torch.float16, device=critic.fast_weights[0].value.device)
+    half = torch.randn(4, critic.latent_size, dtype=torch.float16, device=device)
     assert_bit_identical(critic.on_latent(half), keras_path(lambda: critic.on_latent(half)))
 
 
