@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINES = ("jax", "torch", "tensorflow", "ray")
@@ -147,12 +148,15 @@ def main():
                                       "--num-processes", str(n), "--process-id", str(i), *example, *extra.get(i, [])])
         elif args.engine == "torch":
             endpoint = f"127.0.0.1:{free_port()}"
+            # An id of this launch's own, not the port's: a launch that picked the same port cannot join this
+            # one's rendezvous. The hosts' addresses are this machine's loopback, not its hostname's.
+            rdzv_id = f"multicritic-{uuid.uuid4().hex[:12]}"
             for i in range(n):
                 # `python -m torch.distributed.run` is `torchrun`.
                 hosts.start(tags[i], [python, "-m", "torch.distributed.run", f"--nnodes={n}", "--nproc-per-node=1",
                                       "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                                      f"--rdzv-id=multicritic-{endpoint}", f"--max-restarts={args.max_restarts}",
-                                      "--monitor-interval=0.5", os.path.join(HERE, "torch_hosts.py"), *example,
+                                      f"--rdzv-id={rdzv_id}", "--local-addr=127.0.0.1",
+                                      f"--max-restarts={args.max_restarts}", "--monitor-interval=0.5", os.path.join(HERE, "torch_hosts.py"), *example,
                                       *extra.get(i, [])], env=TORCHRUN_ENV)
         elif args.engine == "tensorflow":
             workers = [f"127.0.0.1:{port}" for port in free_ports(n)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import os
 import warnings
 
@@ -405,6 +406,13 @@ class TrainFunction:
         return self._eager(batch) if metrics is None else metrics
 
 
+# DDP syncs no buffers before a forward pass: Keras keeps every variable as a parameter (the critic has no
+# buffers). PyTorch 2.13 renamed the option (the old name warns); earlier versions know only the old one.
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                   if "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+                   else {"broadcast_buffers": False})
+
+
 @functools.lru_cache(maxsize=None)
 def _torch_device(name):
     return torch.device(name)
@@ -568,7 +576,7 @@ class TorchBackend(Backend):
     def forward_function(self, critic):
         if not _distributed():
             return None
-        ddp = torch.nn.parallel.DistributedDataParallel(critic, broadcast_buffers=False)
+        ddp = torch.nn.parallel.DistributedDataParallel(critic, **_NO_BUFFER_SYNC)
 
         def forward(h, z, use_ema=False):
             # EMA passes need no gradients, hence no DDP (its reducer expects

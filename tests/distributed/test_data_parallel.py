@@ -142,6 +142,7 @@ def test_torch_ddp_two_processes_equal_one(tmp_path, monkeypatch, kind):
     per_critic = ("total", "value_nll", "ema_regularizer", "clipped_fraction", "ema_value_gap", "value_target_mean")
     assert {stream + name for name in per_critic} < set(gaps)
     assert not {k: g for k, g in gaps.items() if g >= METRIC_RTOL}, gaps
+    assert [list(r["ddp_warnings"]) for r in ranks] == [[], []]
     nan_targets = NAN_TARGETS[kind]
     assert float(ranks[0]["m3_nonfinite_targets"]) == float(ranks[1]["m3_nonfinite_targets"]) == nan_targets / 2
     assert float(single["m3_nonfinite_targets"]) == nan_targets

@@ -4,6 +4,7 @@ import datetime
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -26,6 +27,9 @@ def train(rank, world, port, out_dir, fail_rank=None):
     from multicritic import CriticTrainer
     from tests.distributed.common import batches, for_critic, initial_weights, make_critic, split
 
+    caught = warnings.catch_warnings(record=True)
+    seen = caught.__enter__()
+    warnings.simplefilter("always")
     critic_kind = os.environ.get("MULTICRITIC_DP_CRITIC", "single")
     critic = make_critic(critic_kind)
     weights = initial_weights(critic)
@@ -53,6 +57,9 @@ def train(rank, world, port, out_dir, fail_rank=None):
         part = for_critic(critic_kind, split(batch, world, rank, axis), kind)
         metrics = trainer.train_step(*part) if kind == "direct" else trainer.train_on_dream(*part)
         out.update({f"m{step}_{k.replace('/', '.')}": np.asarray(keras.ops.convert_to_numpy(v)) for k, v in metrics.items()})
+    caught.__exit__(None, None, None)
+    # What DDP said of its options (PyTorch 2.13 warns where a deprecated one is passed).
+    out["ddp_warnings"] = np.array([str(w.message) for w in seen if "buffers" in str(w.message)], dtype=str)
     out.update({f"w{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(critic.weights)})
     np.savez(os.path.join(out_dir, f"rank{rank}_of{world}.npz"), steps=len(steps), **out)
     if world > 1:

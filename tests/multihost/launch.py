@@ -14,7 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import Dict, List, Optional
+import warnings
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import pytest
@@ -47,6 +48,19 @@ class Launch:
     def lines(self, pattern):
         return [line for line in self.output.splitlines() if re.search(pattern, line)]
 
+    def report(self) -> str:
+        """What a failed assertion shows: each host's first traceback (the host that failed first is often far
+        above the tail, which then holds only the others' reactions to it), then the output's tail."""
+        parts = []
+        for tag in dict.fromkeys(re.findall(r"^\[([^\]]+)\] ", self.output, re.M)):
+            own = [line for line in self.output.splitlines() if line.startswith(f"[{tag}] ")]
+            at = next((i for i, line in enumerate(own) if "Traceback" in line), None)
+            if at is None:
+                at = next((i for i, line in enumerate(own) if re.search(r"\w+Error\b", line)), None)
+            if at is not None:
+                parts.append(f"--- {tag}: first error ---\n" + "\n".join(own[at:at + 60])[-3000:])
+        return "\n".join(parts + ["--- the output's tail ---", self.output[-4000:]])
+
 
 def _env():
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
@@ -67,7 +81,8 @@ def _run(cmd, limit_s):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd[1:4])} ... still running after {limit_s} s (a hang):\n{output[-6000:]}")
+        hang = Launch(None, output, {})
+        pytest.fail(f"{' '.join(cmd[1:4])} ... still running after {limit_s} s (a hang):\n{hang.report()}")
     exits = {m.group(1): (None if m.group(2) == "None" else int(m.group(2)), float(m.group(3)))
              for m in re.finditer(r"local\.py: (.+?) exited with (-?\d+|None) at ([\d.]+)", output)}
     return Launch(proc.returncode, output, exits)
@@ -83,8 +98,23 @@ def one_host(engine, *args, limit_s=LAUNCH_LIMIT_S) -> Launch:
     return _run([sys.executable, os.path.join(EXAMPLES, SCRIPTS[engine]), *args], limit_s)
 
 
+# What the engines print when the hosts' own connections fail rather than what they run: a port taken by
+# another process between being picked here and bound by a launcher, or a launcher's store gone with it.
+CONNECTIONS_FAILED = re.compile(r"EADDRINUSE|[Aa]ddress already in use|RendezvousConnectionError|DistNetworkError")
+
+
+def retried(launch_again: Callable[[], Launch]) -> Launch:
+    """`launch_again()`, run a second time (once) where the first launch failed on its connections; the first
+    attempt's report becomes a warning. `launch_again` must start from scratch (clear what the first wrote)."""
+    launch = launch_again()
+    if launch.code != 0 and CONNECTIONS_FAILED.search(launch.output):
+        warnings.warn(f"the hosts' connections failed; launched again. The first attempt:\n{launch.report()}")
+        launch = launch_again()
+    return launch
+
+
 def succeeded(launch: Launch) -> Launch:
-    assert launch.code == 0, launch.output[-6000:]
+    assert launch.code == 0, launch.report()
     return launch
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from multicritic import integrity
 from tests.distributed.test_data_parallel import METRIC_RTOL, WEIGHT_ATOL
 from tests.multihost.launch import (
     KINDS, RUN, copy_checkpoint, global_metrics, hosts, largest_state_gap, metric_gaps, one_host, outputs,
-    same_state, succeeded,
+    retried, same_state, succeeded,
 )
 
 pytestmark = pytest.mark.multihost
@@ -52,8 +53,13 @@ def runs(engine, ending, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"{engine}-hosts")
     two, one, again = (str(base / name) for name in ("two", "one", "again"))
     launches = {}
-    launches["two"] = succeeded(hosts(engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{two}/out",
-                                      "--checkpoint-dir", f"{two}/ckpt"))
+
+    def from_scratch():
+        shutil.rmtree(two, ignore_errors=True)
+        return hosts(engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{two}/out", "--checkpoint-dir",
+                     f"{two}/ckpt")
+
+    launches["two"] = succeeded(retried(from_scratch))
     for kind in ("ensemble", "multi"):
         copy_checkpoint(f"{two}/ckpt", kind, 2, f"{one}/ckpt")
     launches["one"] = succeeded(one_host(engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{one}/out",
@@ -145,14 +151,14 @@ def test_restoring_on_another_host_count_works_and_says_so(runs):
 def check_a_killed_host_stops_the_others(engine, runs):
     """The third launch, ending "kill": host 1 killed itself before the ensemble's step 1 (no restart)."""
     launch = runs["again"]
-    assert len(launch.lines(r"(single|multi): trained steps 2\.\.3")) == 4, launch.output[-6000:]
+    assert len(launch.lines(r"(single|multi): trained steps 2\.\.3")) == 4, launch.report()
     killed = launch.lines(r"ensemble: killing itself before step 1 at time ([\d.]+)")
-    assert len(killed) == 1, launch.output[-6000:]
+    assert len(killed) == 1, launch.report()
     at = float(re.search(r"at time ([\d.]+)", killed[0]).group(1))
     code, exited = launch.exits["host 0"]
     assert code != 0 and launch.exits["host 1"][0] != 0, launch.exits
     assert 0 < exited - at < KILLED_HOST_EXIT_LIMIT_S, f"host 0 exited {exited - at:.1f} s after host 1 was killed"
-    assert [line for line in launch.lines(LOST_PEER[engine]) if line.startswith("[host 0]")], launch.output[-6000:]
+    assert [line for line in launch.lines(LOST_PEER[engine]) if line.startswith("[host 0]")], launch.report()
     assert not launch.lines(r"ensemble: trained steps")
 
 
@@ -161,8 +167,8 @@ def check_different_checkpoints_are_refused(runs):
     launch = runs["again"]
     # The single critic and the MultiCritic resumed and finished; the ensemble's two files were refused on both
     # hosts, before any step (and its collectives) ran.
-    assert len(launch.lines(r"(single|multi): trained steps 2\.\.3")) == 4, launch.output[-6000:]
+    assert len(launch.lines(r"(single|multi): trained steps 2\.\.3")) == 4, launch.report()
     assert launch.code != 0 and all(code != 0 for code, _ in launch.exits.values()), launch.exits
     refused = launch.lines(r"ValueError: path: got another checkpoint on host 1 .* no host restored it")
-    assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.output[-6000:]
+    assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
     assert not launch.lines(r"ensemble: (trained steps|restored step)")

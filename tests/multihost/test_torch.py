@@ -41,9 +41,9 @@ def restarted_within_the_limit(launch):
     """The kill time, and that every host restored the step-2 checkpoint within `RESTART_LIMIT_S` of it."""
     killed = launch.lines(r"killing itself before step 3 at time ([\d.]+)")
     # (Ray may echo a worker's line more than once: counted by host.)
-    assert {re.search(r"\[host (\d)/2\]", line).group(1) for line in killed} == {"1"}, launch.output[-6000:]
+    assert {re.search(r"\[host (\d)/2\]", line).group(1) for line in killed} == {"1"}, launch.report()
     restored = launch.lines(r"multi: restored step 2 .*saved on 2 host\(s\), restored on 2\) at time ([\d.]+)")
-    assert {re.search(r"\[host (\d)/2\]", line).group(1) for line in restored} == {"0", "1"}, launch.output[-6000:]
+    assert {re.search(r"\[host (\d)/2\]", line).group(1) for line in restored} == {"0", "1"}, launch.report()
     at = float(re.search(r"at time ([\d.]+)", killed[0]).group(1))
     back = max(float(re.search(r"at time ([\d.]+)", line).group(1)) for line in restored)
     assert 0 < back - at < RESTART_LIMIT_S, f"every host restored {back - at:.1f} s after the kill"
@@ -56,7 +56,7 @@ def test_a_killed_host_makes_torchrun_restart_every_host_from_the_last_checkpoin
     launch = succeeded(hosts("torch", "--critic", "multi", *RUN, "--kill-host", "1", "--kill-at-step", "3",
                              "--timeout", "600", "--out", str(tmp_path / "out"), "--checkpoint-dir",
                              str(tmp_path / "ckpt"), launcher_args=["--max-restarts", "1"]))
-    assert [line for line in launch.lines(LOST_PEER["torch"]) if line.startswith("[host 0]")], launch.output[-6000:]
+    assert [line for line in launch.lines(LOST_PEER["torch"]) if line.startswith("[host 0]")], launch.report()
     restarted_within_the_limit(launch)
     restarted, uninterrupted = outputs(str(tmp_path / "out"), "multi"), out(runs, "two", "multi")
     for host in range(2):
