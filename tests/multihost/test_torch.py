@@ -6,12 +6,14 @@ launches: the one-process step, and torchrun's uninterrupted two-host run.
 """
 
 import re
+import shutil
 
 import pytest
 
 from tests.distributed.test_data_parallel import METRIC_RTOL, WEIGHT_ATOL
 from tests.multihost.launch import (
-    KINDS, RUN, global_metrics, hosts, largest_state_gap, metric_gaps, outputs, require, same_state, succeeded,
+    KINDS, RUN, global_metrics, hosts, largest_state_gap, metric_gaps, outputs, require, retried, same_state,
+    succeeded,
 )
 from tests.multihost.scenarios import LOST_PEER, check_different_checkpoints_are_refused, out
 from tests.multihost.scenarios import *  # noqa: F401,F403 (the shared tests, run for this engine)
@@ -53,9 +55,14 @@ def test_a_killed_host_makes_torchrun_restart_every_host_from_the_last_checkpoin
     # Host 1's process is killed before step 3. Host 0's process stops with gloo's error for the lost peer;
     # torchrun (--max-restarts=1) restarts both hosts' processes, which resume from the checkpoint of step 2
     # and finish with the uninterrupted run's state, bit for bit.
-    launch = succeeded(hosts("torch", "--critic", "multi", *RUN, "--kill-host", "1", "--kill-at-step", "3",
-                             "--timeout", "600", "--out", str(tmp_path / "out"), "--checkpoint-dir",
-                             str(tmp_path / "ckpt"), launcher_args=["--max-restarts", "1"]))
+    def from_scratch():
+        for folder in ("out", "ckpt"):
+            shutil.rmtree(tmp_path / folder, ignore_errors=True)
+        return hosts("torch", "--critic", "multi", *RUN, "--kill-host", "1", "--kill-at-step", "3", "--timeout",
+                     "600", "--out", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                     launcher_args=["--max-restarts", "1"])
+
+    launch = succeeded(retried(from_scratch))
     assert [line for line in launch.lines(LOST_PEER["torch"]) if line.startswith("[host 0]")], launch.report()
     restarted_within_the_limit(launch)
     restarted, uninterrupted = outputs(str(tmp_path / "out"), "multi"), out(runs, "two", "multi")
