@@ -76,7 +76,7 @@ torch_step() {  # torch_step SIZE BATCH SECONDS
     --size "$1" --batch "$2" --repeats 5 --block-seconds 0.4 --impls "${impls[@]}"
 }
 part forward_views 70 torch python3 benchmarks/ours/forward_views.py --repeats 5 --block-seconds 0.1
-part step_kernels_jax 40 jax python3 benchmarks/ours/step_kernels.py --backend jax --batch 256 4096
+part step_kernels_jax 40 jax python3 benchmarks/ours/step_kernels.py --backend jax --batch 256 4096 --by-source
 torch_step XS 256 70
 part train_step_jax 80 jax python3 benchmarks/ours/train_step.py --backend jax \
   --size XS --batch 256 4096 15360 --repeats 5 --block-seconds 0.3

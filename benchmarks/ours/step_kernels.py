@@ -9,6 +9,8 @@ there; on a CPU fusions are loops over memory.
     python benchmarks/ours/step_kernels.py --backend tensorflow --batch 4096 --json out.json
 
 JAX compares `multicritic` with `native`; TensorFlow its XLA step (`multicritic`) with `native_xla`.
+`--by-source` also lists where the counts differ, by the source op each instruction was traced from (XLA's
+op_name metadata); the JSON holds both breakdowns.
 """
 
 from __future__ import annotations
@@ -44,11 +46,45 @@ def _run_step(backend, size, batch, impl):
     _sync(backend, metrics)
 
 
+def _entry_instructions(hlo_text):
+    """`(opcode, op_name)` of each instruction of the entry computation that launches work; op_name is the
+    traced source op XLA's metadata names ("" where it names none)."""
+    entry = hlo_text[hlo_text.index("\nENTRY"):]
+    out = []
+    for line in entry.splitlines():
+        m = re.match(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w-]*)\(", line)
+        if m and m.group(1) not in FREE:
+            name = re.search(r'op_name="([^"]*)"', line)
+            out.append((m.group(1), name.group(1) if name else ""))
+    return out
+
+
 def entry_ops(hlo_text):
     """`{opcode: count}` of the entry computation's instructions that launch work."""
-    entry = hlo_text[hlo_text.index("\nENTRY"):]
-    ops = re.findall(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w-]*)\(", entry, re.M)
-    return collections.Counter(op for op in ops if op not in FREE)
+    return collections.Counter(op for op, _ in _entry_instructions(hlo_text))
+
+
+def entry_sources(hlo_text):
+    """`{source: count}` of the same instructions by the source op each was traced from: its op_name without
+    the outer `jit(...)` and with at most three parts ("jvp()/reduce_sum", "adam/jit(_where)/select_n";
+    "?" where XLA's metadata names none). What a step has beyond another shows as the sources it has more of."""
+    counts = collections.Counter()
+    for _, name in _entry_instructions(hlo_text):
+        parts = name.split("/")[1:4] if name.startswith("jit(") else name.split("/")[:3]
+        counts["/".join(parts) or "?"] += 1
+    return counts
+
+
+def source_table(records):
+    """Per batch: the sources whose counts differ between the two steps, the most extra first."""
+    lines = ["| backend | batch | source | " + " | ".join(PAIRS[records[0]["backend"]]) + " |",
+             "|---|---:|---|---:|---:|"]
+    for batch in dict.fromkeys(r["batch"] for r in records):
+        ours, native = (r["sources"] for r in records if r["batch"] == batch)
+        differ = [k for k in set(ours) | set(native) if ours.get(k, 0) != native.get(k, 0)]
+        for k in sorted(differ, key=lambda k: (native.get(k, 0) - ours.get(k, 0), k)):
+            lines.append(f"| {records[0]['backend']} | {batch} | `{k}` | {ours.get(k, 0)} | {native.get(k, 0)} |")
+    return "\n".join(lines)
 
 
 def step_module(folder):
@@ -67,7 +103,8 @@ def count(backend, size, batch, impl):
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             raise SystemExit(f"{impl} failed:\n{out.stderr[-2000:]}")
-        return entry_ops(step_module(folder))
+        module = step_module(folder)
+        return entry_ops(module), entry_sources(module)
 
 
 def table(records):
@@ -87,6 +124,8 @@ def main(argv=None):
     parser.add_argument("--size", default="XS")
     parser.add_argument("--batch", type=int, nargs="+", default=[256])
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--by-source", action="store_true",
+                        help="also print, per batch, the source ops whose launch counts differ between the steps")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -94,10 +133,13 @@ def main(argv=None):
     records = []
     for batch in args.batch:
         for impl in PAIRS[args.backend]:
-            ops = count(args.backend, args.size, batch, impl)
+            ops, sources = count(args.backend, args.size, batch, impl)
             records.append({"backend": args.backend, "size": args.size, "batch": batch, "impl": impl,
-                            "ops": dict(ops.most_common())})
+                            "ops": dict(ops.most_common()), "sources": dict(sources.most_common())})
     print(table(records))
+    if args.by_source:
+        print()
+        print(source_table(records))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -203,7 +203,7 @@ def test_extras_cost_benchmark_runs_and_each_variant_trains_to_the_same_first_lo
 
 def test_step_kernels_counts_the_entry_computations_launching_instructions():
     sys.path.insert(0, ROOT)
-    from benchmarks.ours.step_kernels import entry_ops
+    from benchmarks.ours.step_kernels import entry_ops, entry_sources, source_table
 
     hlo = """HloModule step
 
@@ -216,7 +216,7 @@ ENTRY %main (a: f32[8], b: f32[8,8]) -> (f32[8], f32[8]) {
   %a = f32[8]{0} parameter(0)
   %b = f32[8,8]{1,0} parameter(1)
   %c = f32[] constant(1)
-  %fusion = f32[8]{0} fusion(%a), kind=kLoop, calls=%fused_computation
+  %fusion = f32[8]{0} fusion(%a), kind=kLoop, calls=%fused_computation, metadata={op_name="jit(step)/jvp()/neg"}
   %gemm = (f32[8]{0}, s8[0]{0}) custom-call(%b, %a), custom_call_target="__cublas$gemm"
   %gte = f32[8]{0} get-tuple-element(%gemm), index=0
   %r = f32[8]{0} bitcast(%gte)
@@ -224,6 +224,13 @@ ENTRY %main (a: f32[8], b: f32[8,8]) -> (f32[8], f32[8]) {
 }
 """
     assert entry_ops(hlo) == {"fusion": 1, "custom-call": 1}  # the fused computation's negate is not counted
+    # By source: the outer jit's name dropped; an instruction without metadata under "?".
+    assert entry_sources(hlo) == {"jvp()/neg": 1, "?": 1}
+    records = [{"backend": "jax", "batch": 8, "sources": {"jvp()/neg": 4, "?": 1, "adam/add": 2}},
+               {"backend": "jax", "batch": 8, "sources": {"jvp()/neg": 1, "?": 1, "add": 4}}]
+    rows = source_table(records).splitlines()[2:]
+    assert rows == ["| jax | 8 | `jvp()/neg` | 4 | 1 |", "| jax | 8 | `adam/add` | 2 | 0 |",
+                    "| jax | 8 | `add` | 0 | 4 |"]
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="XLA's dumps (JAX, TensorFlow)")
@@ -231,7 +238,7 @@ def test_step_kernels_benchmark_runs(tmp_path):
     out = tmp_path / "kernels.json"
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "step_kernels.py"), "--backend", BACKEND,
-         "--size", "nano", "--batch", "8", "--json", str(out)],
+         "--size", "nano", "--batch", "8", "--by-source", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -239,4 +246,5 @@ def test_step_kernels_benchmark_runs(tmp_path):
     assert [r["impl"] for r in records] == ["multicritic", "native" if BACKEND == "jax" else "native_xla"]
     for r in records:
         assert r["batch"] == 8 and r["ops"].get("fusion", 0) > 0 and "parameter" not in r["ops"]
-    assert "| launches |" in result.stdout
+        assert sum(r["sources"].values()) == sum(r["ops"].values())  # the same instructions, grouped otherwise
+    assert "| launches |" in result.stdout and "| source |" in result.stdout
