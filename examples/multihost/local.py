@@ -156,8 +156,9 @@ def main():
                 hosts.start(tags[i], [python, "-m", "torch.distributed.run", f"--nnodes={n}", "--nproc-per-node=1",
                                       "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
                                       f"--rdzv-id={rdzv_id}", "--local-addr=127.0.0.1",
-                                      f"--max-restarts={args.max_restarts}", "--monitor-interval=0.5", os.path.join(HERE, "torch_hosts.py"), *example,
-                                      *extra.get(i, [])], env=TORCHRUN_ENV)
+                                      f"--max-restarts={args.max_restarts}", "--monitor-interval=0.5",
+                                      os.path.join(HERE, "torch_hosts.py"), *example, *extra.get(i, [])],
+                            env=TORCHRUN_ENV)
         elif args.engine == "tensorflow":
             workers = [f"127.0.0.1:{port}" for port in free_ports(n)]
             for i in range(n):

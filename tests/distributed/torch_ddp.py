@@ -27,37 +27,36 @@ def train(rank, world, port, out_dir, fail_rank=None):
     from multicritic import CriticTrainer
     from tests.distributed.common import batches, for_critic, initial_weights, make_critic, split
 
-    caught = warnings.catch_warnings(record=True)
-    seen = caught.__enter__()
-    warnings.simplefilter("always")
-    critic_kind = os.environ.get("MULTICRITIC_DP_CRITIC", "single")
-    critic = make_critic(critic_kind)
-    weights = initial_weights(critic)
-    if rank == 1:  # DDP must broadcast rank 0's weights, EMA copy included
-        weights = [w + 1.0 for w in weights]
-    critic.set_weights(weights)
-    trainer = CriticTrainer(critic, learning_rate=1e-3, check_finite=False)
-    # As the TensorFlow test: one direct batch with a non-finite target in
-    # each rank's half, so the per-rank counts must add up to the global one.
-    h, z, targets, loss_weights = batches("direct")[0]
-    targets = targets.copy()
-    targets[[1, 12]] = np.nan
-    steps = [("direct", 0, b) for b in batches("direct") + [(h, z, targets, loss_weights)]]
-    steps += [("dream", 1, b) for b in batches("dream")]
-    # Every metric of every step as this rank saw it (the test combines the
-    # ranks' per-slice values), and the weights, fast and EMA, at the end.
-    out = {}
-    for step, (kind, axis, batch) in enumerate(steps):
-        if rank == fail_rank and kind == "dream":
-            # The other rank is now waiting in DDP's gradient all-reduce; the
-            # test times how long the launcher takes to raise from here.
-            with open(os.path.join(out_dir, f"failed_rank{rank}.time"), "w") as f:
-                f.write(repr(time.time()))
-            raise RuntimeError(f"injected failure on rank {rank}")
-        part = for_critic(critic_kind, split(batch, world, rank, axis), kind)
-        metrics = trainer.train_step(*part) if kind == "direct" else trainer.train_on_dream(*part)
-        out.update({f"m{step}_{k.replace('/', '.')}": np.asarray(keras.ops.convert_to_numpy(v)) for k, v in metrics.items()})
-    caught.__exit__(None, None, None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        critic_kind = os.environ.get("MULTICRITIC_DP_CRITIC", "single")
+        critic = make_critic(critic_kind)
+        weights = initial_weights(critic)
+        if rank == 1:  # DDP must broadcast rank 0's weights, EMA copy included
+            weights = [w + 1.0 for w in weights]
+        critic.set_weights(weights)
+        trainer = CriticTrainer(critic, learning_rate=1e-3, check_finite=False)
+        # As the TensorFlow test: one direct batch with a non-finite target in
+        # each rank's half, so the per-rank counts must add up to the global one.
+        h, z, targets, loss_weights = batches("direct")[0]
+        targets = targets.copy()
+        targets[[1, 12]] = np.nan
+        steps = [("direct", 0, b) for b in batches("direct") + [(h, z, targets, loss_weights)]]
+        steps += [("dream", 1, b) for b in batches("dream")]
+        # Every metric of every step as this rank saw it (the test combines the
+        # ranks' per-slice values), and the weights, fast and EMA, at the end.
+        out = {}
+        for step, (kind, axis, batch) in enumerate(steps):
+            if rank == fail_rank and kind == "dream":
+                # The other rank is now waiting in DDP's gradient all-reduce; the
+                # test times how long the launcher takes to raise from here.
+                with open(os.path.join(out_dir, f"failed_rank{rank}.time"), "w") as f:
+                    f.write(repr(time.time()))
+                raise RuntimeError(f"injected failure on rank {rank}")
+            part = for_critic(critic_kind, split(batch, world, rank, axis), kind)
+            metrics = trainer.train_step(*part) if kind == "direct" else trainer.train_on_dream(*part)
+            out.update({f"m{step}_{k.replace('/', '.')}": np.asarray(keras.ops.convert_to_numpy(v))
+                        for k, v in metrics.items()})
     # What DDP said of its options (PyTorch 2.13 warns where a deprecated one is passed).
     out["ddp_warnings"] = np.array([str(w.message) for w in seen if "buffers" in str(w.message)], dtype=str)
     out.update({f"w{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(critic.weights)})

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import warnings
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -51,9 +51,9 @@ class Launch:
     def report(self) -> str:
         """What a failed assertion shows: each host's first traceback (the host that failed first is often far
         above the tail, which then holds only the others' reactions to it), then the output's tail."""
-        parts = []
+        parts, lines = [], self.output.splitlines()
         for tag in dict.fromkeys(re.findall(r"^\[([^\]]+)\] ", self.output, re.M)):
-            own = [line for line in self.output.splitlines() if line.startswith(f"[{tag}] ")]
+            own = [line for line in lines if line.startswith(f"[{tag}] ")]
             at = next((i for i, line in enumerate(own) if "Traceback" in line), None)
             if at is None:
                 at = next((i for i, line in enumerate(own) if re.search(r"\w+Error\b", line)), None)
@@ -103,14 +103,17 @@ def one_host(engine, *args, limit_s=LAUNCH_LIMIT_S) -> Launch:
 CONNECTIONS_FAILED = re.compile(r"EADDRINUSE|[Aa]ddress already in use|RendezvousConnectionError|DistNetworkError")
 
 
-def retried(launch_again: Callable[[], Launch]) -> Launch:
-    """`launch_again()`, run a second time (once) where the first launch failed on its connections; the first
-    attempt's report becomes a warning. `launch_again` must start from scratch (clear what the first wrote)."""
-    launch = launch_again()
-    if launch.code != 0 and CONNECTIONS_FAILED.search(launch.output):
-        warnings.warn(f"the hosts' connections failed; launched again. The first attempt:\n{launch.report()}")
-        launch = launch_again()
-    return launch
+def retried(launch: Callable[[], Launch], written: Sequence[str]) -> Launch:
+    """`launch()`, run a second time (once) where the first launch failed on its connections, from scratch: the
+    folders `written` (what a launch writes, a resumed run's checkpoints among it) are removed first. The first
+    attempt's report becomes a warning."""
+    first = launch()
+    if first.code == 0 or not CONNECTIONS_FAILED.search(first.output):
+        return first
+    warnings.warn(f"the hosts' connections failed; launched again. The first attempt:\n{first.report()}")
+    for folder in written:
+        shutil.rmtree(folder, ignore_errors=True)
+    return launch()
 
 
 def succeeded(launch: Launch) -> Launch:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -53,13 +52,8 @@ def runs(engine, ending, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"{engine}-hosts")
     two, one, again = (str(base / name) for name in ("two", "one", "again"))
     launches = {}
-
-    def from_scratch():
-        shutil.rmtree(two, ignore_errors=True)
-        return hosts(engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{two}/out", "--checkpoint-dir",
-                     f"{two}/ckpt")
-
-    launches["two"] = succeeded(retried(from_scratch))
+    launches["two"] = succeeded(retried(lambda: hosts(engine, "--critic", "single,ensemble,multi", *RUN, "--out",
+                                                      f"{two}/out", "--checkpoint-dir", f"{two}/ckpt"), [two]))
     for kind in ("ensemble", "multi"):
         copy_checkpoint(f"{two}/ckpt", kind, 2, f"{one}/ckpt")
     launches["one"] = succeeded(one_host(engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{one}/out",

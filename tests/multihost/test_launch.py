@@ -10,31 +10,37 @@ FAILED_CONNECTION = ("[host 0] Traceback (most recent call last):\n"
 FAILED_STEP = "[host 1] Traceback (most recent call last):\n[host 1] ValueError: batch: got 3 rows\n"
 
 
-def launches(*results):
+def launches(folder, *results):
+    """A launch returning `results` in turn; `calls` records, for each call, whether `folder` held the file a
+    launch writes when it started; each call writes it."""
     calls = []
 
-    def launch_again():
-        calls.append(len(calls))
+    def launch():
+        calls.append(folder.joinpath("written").exists())
+        folder.mkdir(exist_ok=True)
+        folder.joinpath("written").write_text("a checkpoint")
         return results[len(calls) - 1]
 
-    return launch_again, calls
+    return launch, calls
 
 
-def test_a_launch_whose_connections_failed_runs_again_once_with_a_warning():
-    launch_again, calls = launches(Launch(1, FAILED_CONNECTION, {}), Launch(0, "ok", {}))
+def test_a_launch_whose_connections_failed_runs_again_once_from_scratch_with_a_warning(tmp_path):
+    folder = tmp_path / "run"
+    launch, calls = launches(folder, Launch(1, FAILED_CONNECTION, {}), Launch(0, "ok", {}))
     with pytest.warns(UserWarning, match="(?s)connections failed.*host 0: first error.*RendezvousConnectionError"):
-        assert retried(launch_again).code == 0
-    assert calls == [0, 1]
-    launch_again, calls = launches(Launch(1, FAILED_CONNECTION, {}), Launch(1, FAILED_CONNECTION, {}))
+        assert retried(launch, [str(folder)]).code == 0
+    assert calls == [False, False]  # the first attempt's files were removed before the second
+    launch, calls = launches(folder, Launch(1, FAILED_CONNECTION, {}), Launch(1, FAILED_CONNECTION, {}))
     with pytest.warns(UserWarning):
-        assert retried(launch_again).code == 1
-    assert calls == [0, 1]
+        assert retried(launch, [str(folder)]).code == 1
+    assert calls == [True, False]
 
 
-@pytest.mark.parametrize("launch", [Launch(1, FAILED_STEP, {}), Launch(0, FAILED_CONNECTION, {})])
-def test_a_launch_that_failed_otherwise_or_succeeded_runs_once(launch):
-    launch_again, calls = launches(launch)
-    assert retried(launch_again) is launch and calls == [0]
+@pytest.mark.parametrize("result", [Launch(1, FAILED_STEP, {}), Launch(0, FAILED_CONNECTION, {})])
+def test_a_launch_that_failed_otherwise_or_succeeded_runs_once_and_keeps_its_files(tmp_path, result):
+    launch, calls = launches(tmp_path / "run", result)
+    assert retried(launch, [str(tmp_path / "run")]) is result and calls == [False]
+    assert (tmp_path / "run" / "written").exists()
 
 
 def test_the_report_shows_each_hosts_first_error_before_the_tail():

@@ -6,7 +6,6 @@ launches: the one-process step, and torchrun's uninterrupted two-host run.
 """
 
 import re
-import shutil
 
 import pytest
 
@@ -55,17 +54,13 @@ def test_a_killed_host_makes_torchrun_restart_every_host_from_the_last_checkpoin
     # Host 1's process is killed before step 3. Host 0's process stops with gloo's error for the lost peer;
     # torchrun (--max-restarts=1) restarts both hosts' processes, which resume from the checkpoint of step 2
     # and finish with the uninterrupted run's state, bit for bit.
-    def from_scratch():
-        for folder in ("out", "ckpt"):
-            shutil.rmtree(tmp_path / folder, ignore_errors=True)
-        return hosts("torch", "--critic", "multi", *RUN, "--kill-host", "1", "--kill-at-step", "3", "--timeout",
-                     "600", "--out", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
-                     launcher_args=["--max-restarts", "1"])
-
-    launch = succeeded(retried(from_scratch))
+    out_dir, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    launch = succeeded(retried(lambda: hosts("torch", "--critic", "multi", *RUN, "--kill-host", "1", "--kill-at-step",
+                                             "3", "--timeout", "600", "--out", out_dir, "--checkpoint-dir", ckpt,
+                                             launcher_args=["--max-restarts", "1"]), [out_dir, ckpt]))
     assert [line for line in launch.lines(LOST_PEER["torch"]) if line.startswith("[host 0]")], launch.report()
     restarted_within_the_limit(launch)
-    restarted, uninterrupted = outputs(str(tmp_path / "out"), "multi"), out(runs, "two", "multi")
+    restarted, uninterrupted = outputs(out_dir, "multi"), out(runs, "two", "multi")
     for host in range(2):
         assert int(restarted[host]["start"]) == 2
         assert same_state(restarted[host], uninterrupted[host]) is None
