@@ -255,9 +255,21 @@ PEER_LABELS = {
 
 
 @table("peers")
-def peers(files):
-    """Each peer's shipped critic update against ours: peer time / ours (> 1: ours is faster) and both times."""
-    records = [r for f in files for r in f]
+def peers(files, ours="compiled"):
+    """Each peer's shipped critic update against ours: peer time / ours (> 1: ours is faster) and both times.
+
+    `ours=compiled`: our step as `"auto"` runs it from a step kind's 1000th call (PyTorch: `jit_compile=True`,
+    a record's `multicritic_jit_ms`; JAX: always jitted); `ours=eager`: PyTorch's eager step (its first 1000
+    calls), JAX's rows left out."""
+    if ours not in ("compiled", "eager"):
+        raise ValueError(f"ours: got {ours!r}, expected 'compiled' or 'eager'")
+
+    def ours_ms(r):
+        if r["backend"] != "torch":
+            return r["multicritic_ms"] if ours == "compiled" else None
+        return r.get("multicritic_jit_ms") if ours == "compiled" else r["multicritic_ms"]
+
+    records = [r for f in files for r in f if "skipped" not in r and ours_ms(r) is not None]
     batches = sorted({r["batch"] for r in records})
     order = list(dict.fromkeys(r["peer"] for r in records))
     lines = ["| peer | " + " | ".join(f"batch {b}: peer / ours (ms)" for b in batches) + " |",
@@ -267,7 +279,7 @@ def peers(files):
         for batch in batches:
             r = next((r for r in records if r["peer"] == peer and r["batch"] == batch), None)
             cells.append("–" if r is None else
-                         f"{_ratio(r['peer_ms'] / r['multicritic_ms'])} ({r['peer_ms']:.2f} / {r['multicritic_ms']:.2f})")
+                         f"{_ratio(r['peer_ms'] / ours_ms(r))} ({r['peer_ms']:.2f} / {ours_ms(r):.2f})")
         lines.append(f"| {PEER_LABELS.get(peer, peer)} | " + " | ".join(cells) + " |")
     return lines
 

@@ -9,8 +9,9 @@ N(0, 100), weights U(0.5, 1)). Each is warmed up, then timed in blocks that alte
 peer, ...; the same number of steps per block, about `--block-seconds` for the slower one), so that noise
 hits both; the table gives medians over `--repeats` blocks and ratio = peer time / multicritic time
 (> 1: multicritic is faster). PyTorch on CPU only (the environment of tests/interop: torch 2.13.0,
-ray[rllib] 2.60.0, sheeprl 0.8.4, torchrl 0.14.1, KERAS_BACKEND=torch); `--jit` adds multicritic with
-`jit_compile=True` (torch.compile of the update; about 15 s to compile once per row).
+ray[rllib] 2.60.0, sheeprl 0.8.4, torchrl 0.14.1, KERAS_BACKEND=torch); multicritic is also timed with
+`jit_compile=True` (torch.compile of the whole step, which `"auto"` switches to from a step kind's 1000th
+call; about 15 s to compile once per row; `--no-jit` leaves it out).
 
     KERAS_BACKEND=torch python benchmarks/peers/peers.py --size XS --batch 256 4096 15360 --json peers.json
 
@@ -67,7 +68,8 @@ versions; nothing outside the critic update, e.g. imagination or lambda-returns,
 
 multicritic's step on every row: ``CriticTrainer.train_step(h, z, targets, weights)``
 (multicritic/training/trainer.py: fast + EMA forward, loss with the EMA regulariser, backward, clip,
-optimizer, EMA update), PyTorch eager (`--jit`: plus a jit_compile=True column).
+optimizer, EMA update), PyTorch eager (`jit_compile=False`: `"auto"`'s first 1000 calls) and compiled
+(`jit_compile=True`: the step `"auto"` runs from then on; `--no-jit` leaves it out).
 
 The official DreamerV3 (JAX) runs in its own environment: see benchmarks/peers/peers_official.py. It pairs its
 times with multicritic's JAX step itself, through this script's ``--serve dreamerv3`` mode (a child
@@ -516,7 +518,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block-seconds", type=float, default=1.0, help="length of one timed block")
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
-    parser.add_argument("--jit", action="store_true", help="also time multicritic with jit_compile=True")
+    parser.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time multicritic with jit_compile=True (--no-jit: eager only)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's); 1 on a shared machine")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--serve", metavar="PEER", help=argparse.SUPPRESS)

@@ -55,10 +55,12 @@ def test_peers_benchmark_runs(tmp_path):
         assert r["size"] == "nano" and r["backend"] == "torch" and "skipped" not in r
         assert r["peer_ms"] > 0 and r["multicritic_ms"] > 0
         assert r["ratio"] == pytest.approx(r["peer_ms"] / r["multicritic_ms"])
+        # The compiled step ("auto" from its 1000th call) is timed too, unless --no-jit.
+        assert r["multicritic_jit_ms"] > 0 and r["ratio_jit"] == pytest.approx(r["peer_ms"] / r["multicritic_jit_ms"])
         assert len(r["peer_samples"]) == len(r["multicritic_samples"]) == 2
         t, b = r["layout"]
         assert b * (t - (r["peer"] != "torchrl")) == 8  # sheeprl and RLlib carry the horizon's last row
-    assert "| multicritic ms |" in result.stdout and "ratio (peer/ours)" in result.stdout
+    assert "| multicritic ms |" in result.stdout and "ratio (peer/ours jit)" in result.stdout
 
 
 @pytest.mark.interop

@@ -49,3 +49,18 @@ def test_bad_markers_name_what_is_wrong():
         render_tables.render("sweep missing.json")
     with pytest.raises(ValueError, match="expected result files"):
         render_tables.render("sweep")
+
+
+def test_the_peers_table_shows_our_compiled_or_eager_step():
+    torch_row = {"peer": "sheeprl", "backend": "torch", "batch": 256, "peer_ms": 10.0, "multicritic_ms": 12.5,
+                 "multicritic_jit_ms": 8.0}
+    jax_row = {"peer": "official", "backend": "jax", "batch": 256, "peer_ms": 9.0, "multicritic_ms": 6.0}
+    skipped = {"peer": "torchrl", "size": "XS", "skipped": "not installed"}
+    compiled = render_tables.peers([[jax_row], [torch_row, skipped]])
+    assert compiled[2:] == ["| official DreamerV3 (JAX) | **1.50** (9.00 / 6.00) |",
+                            "| sheeprl (PyTorch) | **1.25** (10.00 / 8.00) |"]
+    # Eager: PyTorch's first 1000 calls under "auto"; JAX has no eager step to show.
+    assert render_tables.peers([[jax_row], [torch_row]], ours="eager")[2:] == [
+        "| sheeprl (PyTorch) | 0.80 (10.00 / 12.50) |"]
+    with pytest.raises(ValueError, match="ours: got 'fast'"):
+        render_tables.peers([[torch_row]], ours="fast")
