@@ -9,10 +9,10 @@
 # What it runs, most wanted first, each part under its own time limit and all of them inside BUDGET seconds
 # (default 540), so that a slow part cannot take the others' results with it: the PyTorch compiled-step tests
 # on the GPU (CUDA-graph replay against eager); the forward passes a host calls in its loops; the kernels of
-# JAX's step and the native one (XLA's dump); the train step at XS, batch 256 / 4096 / 15360, ours (compiled:
-# CUDA graphs; and eager) against the native step (eager, torch.compile'd, CUDA graphs), one process per
-# batch, and JAX's; a K=5 ensemble against the native vectorised ensemble at 256 and 4096; size S. The merged
-# JSON is rewritten after every part.
+# JAX's step and the native one (XLA's dump; each kernel's time from jax.profiler, summed by source op); the
+# train step at XS, batch 256 / 4096 / 15360, ours (compiled: CUDA graphs; and eager) against the native step
+# (eager, torch.compile'd, CUDA graphs), one process per batch, and JAX's; a K=5 ensemble against the native
+# vectorised ensemble at 256 and 4096; size S. The merged JSON is rewritten after every part.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-benchmarks/results}"
@@ -76,7 +76,8 @@ torch_step() {  # torch_step SIZE BATCH SECONDS
     --size "$1" --batch "$2" --repeats 5 --block-seconds 0.4 --impls "${impls[@]}"
 }
 part forward_views 70 torch python3 benchmarks/ours/forward_views.py --repeats 5 --block-seconds 0.1
-part step_kernels_jax 40 jax python3 benchmarks/ours/step_kernels.py --backend jax --batch 256 4096 --by-source
+part step_kernels_jax 60 jax python3 benchmarks/ours/step_kernels.py --backend jax --batch 256 4096 \
+  --by-source --profile
 torch_step XS 256 70
 part train_step_jax 80 jax python3 benchmarks/ours/train_step.py --backend jax \
   --size XS --batch 256 4096 15360 --repeats 5 --block-seconds 0.3

@@ -11,12 +11,21 @@ there; on a CPU fusions are loops over memory.
 JAX compares `multicritic` with `native`; TensorFlow its XLA step (`multicritic`) with `native_xla`.
 `--by-source` also lists where the counts differ, by the source op each instruction was traced from (XLA's
 op_name metadata); the JSON holds both breakdowns.
+
+`--profile` (JAX) also times them: each step runs `--profile-steps` times under `jax.profiler` and each
+instruction's time a step (the trace's events, by their `hlo_op`) is summed by source, printed where ours
+and the native step differ most, with the wall time of a step run without the profiler. On a GPU an
+instruction's events are its kernels; on a CPU, thunks that may run side by side on the host's threads (their
+sum can exceed the wall time).
+
+    python benchmarks/ours/step_kernels.py --backend jax --batch 256 --profile
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import os
 import pathlib
@@ -33,8 +42,10 @@ PAIRS = {"jax": ("multicritic", "native"), "tensorflow": ("multicritic", "native
 FREE = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element", "copy-start", "copy-done"}
 
 
-def _run_step(backend, size, batch, impl):
-    """(In a child process whose XLA_FLAGS dump HLO.) Builds `impl` and runs two steps."""
+def _run_step(backend, size, batch, impl, profile_steps=0, profile_to=None):
+    """(In a child process whose XLA_FLAGS dump HLO.) Builds `impl` and runs two steps; with `profile_steps`,
+    writes `profile_to` (JSON): the wall time of a step and, from a profile of that many more, each
+    instruction's time a step by module."""
     from benchmarks.ours.train_step import _inputs, _sync, make_impls
     from multicritic import get_model_dims
 
@@ -44,35 +55,85 @@ def _run_step(backend, size, batch, impl):
     for _ in range(2):
         metrics = impls[impl](*data)
     _sync(backend, metrics)
+    if not profile_steps:
+        return
+    import time
+
+    import jax
+
+    start = time.perf_counter()
+    for _ in range(profile_steps):
+        metrics = impls[impl](*data)
+    _sync(backend, metrics)
+    wall_us = (time.perf_counter() - start) / profile_steps * 1e6
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            for _ in range(profile_steps):
+                metrics = impls[impl](*data)
+            _sync(backend, metrics)
+        trace = next(pathlib.Path(folder).rglob("*.trace.json.gz"))
+        events = json.loads(gzip.decompress(trace.read_bytes()))
+    with open(profile_to, "w") as f:
+        json.dump({"wall_us": wall_us, "op_us": op_times(events, profile_steps)}, f)
+
+
+def op_times(trace, steps):
+    """`{module: {instruction: microseconds a step}}` from a perfetto trace's complete events that name the
+    HLO instruction they ran (`args.hlo_op`; a GPU kernel's and a CPU thunk's events do)."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    out = collections.defaultdict(lambda: collections.defaultdict(float))
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("ph") == "X" and "hlo_op" in args:
+            out[args.get("hlo_module", "?")][args["hlo_op"]] += e.get("dur", 0.0) / steps
+    return {module: dict(ops) for module, ops in out.items()}
 
 
 def _entry_instructions(hlo_text):
-    """`(opcode, op_name)` of each instruction of the entry computation that launches work; op_name is the
-    traced source op XLA's metadata names ("" where it names none)."""
+    """`(instruction, opcode, op_name)` of each instruction of the entry computation that launches work;
+    op_name is the traced source op XLA's metadata names ("" where it names none)."""
     entry = hlo_text[hlo_text.index("\nENTRY"):]
     out = []
     for line in entry.splitlines():
-        m = re.match(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w-]*)\(", line)
-        if m and m.group(1) not in FREE:
+        m = re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][\w-]*)\(", line)
+        if m and m.group(2) not in FREE:
             name = re.search(r'op_name="([^"]*)"', line)
-            out.append((m.group(1), name.group(1) if name else ""))
+            out.append((m.group(1), m.group(2), name.group(1) if name else ""))
     return out
+
+
+def _source(op_name):
+    """An op_name without the outer `jit(...)` and with at most three parts ("?" for none)."""
+    parts = op_name.split("/")[1:4] if op_name.startswith("jit(") else op_name.split("/")[:3]
+    return "/".join(parts) or "?"
+
+
+def module_name(hlo_text):
+    """The name an HLO module's text gives itself (`HloModule jit_step, ...`)."""
+    return re.match(r"HloModule ([\w.\-]+)", hlo_text).group(1)
 
 
 def entry_ops(hlo_text):
     """`{opcode: count}` of the entry computation's instructions that launch work."""
-    return collections.Counter(op for op, _ in _entry_instructions(hlo_text))
+    return collections.Counter(op for _, op, _ in _entry_instructions(hlo_text))
 
 
 def entry_sources(hlo_text):
     """`{source: count}` of the same instructions by the source op each was traced from: its op_name without
     the outer `jit(...)` and with at most three parts ("jvp()/reduce_sum", "adam/jit(_where)/select_n";
     "?" where XLA's metadata names none). What a step has beyond another shows as the sources it has more of."""
-    counts = collections.Counter()
-    for _, name in _entry_instructions(hlo_text):
-        parts = name.split("/")[1:4] if name.startswith("jit(") else name.split("/")[:3]
-        counts["/".join(parts) or "?"] += 1
-    return counts
+    return collections.Counter(_source(name) for _, _, name in _entry_instructions(hlo_text))
+
+
+def source_times(hlo_text, op_us):
+    """`{source: microseconds a step}`: `op_us` (`{instruction: us}`, the step module's profile) summed by
+    the source op of each entry instruction; time of instructions outside the entry computation (in a loop's
+    body, say) under "(not in entry)"."""
+    sources = {name: _source(op_name) for name, _, op_name in _entry_instructions(hlo_text)}
+    times = collections.defaultdict(float)
+    for name, us in op_us.items():
+        times[sources.get(name, "(not in entry)")] += us
+    return dict(times)
 
 
 def source_table(records):
@@ -95,16 +156,28 @@ def step_module(folder):
     return files[-1].read_text()
 
 
-def count(backend, size, batch, impl):
+def count(backend, size, batch, impl, profile_steps=0):
+    """`(ops, sources, profile)` of `impl`'s step; `profile` (with `profile_steps`): `{"wall_us", "op_us":
+    {source: us}, "total_us"}`, else None."""
     with tempfile.TemporaryDirectory() as folder:
         env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
                    XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={folder} --xla_dump_hlo_as_text")
+        profile_to = os.path.join(folder, "profile.json")
         cmd = [sys.executable, __file__, "--child", impl, "--backend", backend, "--size", size, "--batch", str(batch)]
+        if profile_steps:
+            cmd += ["--profile", "--profile-steps", str(profile_steps), "--profile-to", profile_to]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             raise SystemExit(f"{impl} failed:\n{out.stderr[-2000:]}")
         module = step_module(folder)
-        return entry_ops(module), entry_sources(module)
+        profile = None
+        if profile_steps:
+            with open(profile_to) as f:
+                timed = json.load(f)
+            op_us = timed["op_us"].get(module_name(module), {})
+            profile = {"wall_us": timed["wall_us"], "total_us": sum(op_us.values()),
+                       "op_us": dict(sorted(source_times(module, op_us).items(), key=lambda kv: -kv[1]))}
+        return entry_ops(module), entry_sources(module), profile
 
 
 def table(records):
@@ -118,6 +191,24 @@ def table(records):
     return "\n".join(lines)
 
 
+def time_table(records, rows=20):
+    """Per batch: the wall and profiled time of a step, then the sources whose time differs most (ours
+    minus native, the largest first), in microseconds a step."""
+    names = PAIRS[records[0]["backend"]]
+    lines = ["| backend | batch | source | " + " | ".join(f"{n} us" for n in names) + " |",
+             "|---|---:|---|---:|---:|"]
+    for batch in dict.fromkeys(r["batch"] for r in records):
+        ours, native = (r["profile"] for r in records if r["batch"] == batch)
+        backend = records[0]["backend"]
+        for label, key in (("wall time a step", "wall_us"), ("instructions' time, summed", "total_us")):
+            lines.append(f"| {backend} | {batch} | {label} | {ours[key]:.1f} | {native[key]:.1f} |")
+        a, b = ours["op_us"], native["op_us"]
+        differ = sorted(set(a) | set(b), key=lambda k: (-(a.get(k, 0.0) - b.get(k, 0.0)), k))
+        for k in differ[:rows]:
+            lines.append(f"| {backend} | {batch} | `{k}` | {a.get(k, 0.0):.1f} | {b.get(k, 0.0):.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "jax"), choices=sorted(PAIRS))
@@ -126,20 +217,35 @@ def main(argv=None):
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--by-source", action="store_true",
                         help="also print, per batch, the source ops whose launch counts differ between the steps")
+    parser.add_argument("--profile", action="store_true",
+                        help="(JAX) also time each step's instructions under jax.profiler, summed by source")
+    parser.add_argument("--profile-steps", type=int, default=20, help="steps profiled (and timed) per step")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-to", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.profile and args.backend != "jax":
+        parser.error(f"--profile: got --backend {args.backend}, expected jax (jax.profiler's trace)")
+    if args.profile_steps < 1:
+        parser.error(f"--profile-steps: got {args.profile_steps}, expected a positive number of steps")
+    profile_steps = args.profile_steps if args.profile else 0
     if args.child:
-        return _run_step(args.backend, args.size, args.batch[0], args.child)
+        return _run_step(args.backend, args.size, args.batch[0], args.child, profile_steps, args.profile_to)
     records = []
     for batch in args.batch:
         for impl in PAIRS[args.backend]:
-            ops, sources = count(args.backend, args.size, batch, impl)
-            records.append({"backend": args.backend, "size": args.size, "batch": batch, "impl": impl,
-                            "ops": dict(ops.most_common()), "sources": dict(sources.most_common())})
+            ops, sources, profile = count(args.backend, args.size, batch, impl, profile_steps)
+            record = {"backend": args.backend, "size": args.size, "batch": batch, "impl": impl,
+                      "ops": dict(ops.most_common()), "sources": dict(sources.most_common())}
+            if profile is not None:
+                record["profile"] = profile
+            records.append(record)
     print(table(records))
     if args.by_source:
         print()
         print(source_table(records))
+    if args.profile:
+        print()
+        print(time_table(records))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

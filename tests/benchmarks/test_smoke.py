@@ -233,12 +233,50 @@ ENTRY %main (a: f32[8], b: f32[8,8]) -> (f32[8], f32[8]) {
                     "| jax | 8 | `add` | 0 | 4 |"]
 
 
+def test_step_kernels_profile_sums_each_instructions_time_by_source():
+    sys.path.insert(0, ROOT)
+    from benchmarks.ours.step_kernels import module_name, op_times, source_times, time_table
+
+    hlo = """HloModule jit_step, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %fusion = f32[8]{0} fusion(%a), kind=kLoop, calls=%f, metadata={op_name="jit(step)/jvp()/neg"}
+  %fusion.1 = f32[8]{0} fusion(%fusion), kind=kLoop, calls=%g, metadata={op_name="jit(step)/adam/add"}
+  ROOT %copy = f32[8]{0} copy(%fusion.1)
+}
+"""
+    assert module_name(hlo) == "jit_step"
+    # Two steps of a trace: events that name no HLO instruction (the host's) are left out; per module.
+    trace = {"traceEvents": [
+        {"ph": "X", "name": "fusion", "dur": 10.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion"}},
+        {"ph": "X", "name": "fusion", "dur": 14.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion"}},
+        {"ph": "X", "name": "k", "dur": 6.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion.1"}},
+        {"ph": "X", "name": "k", "dur": 4.0, "args": {"hlo_module": "jit_step", "hlo_op": "while.body.3"}},
+        {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 99.0},
+        {"ph": "X", "name": "fusion", "dur": 50.0, "args": {"hlo_module": "jit_other", "hlo_op": "fusion"}},
+        {"ph": "M", "name": "process_name", "args": {"name": "/host:CPU"}},
+    ]}
+    times = op_times(trace, steps=2)
+    assert times == {"jit_step": {"fusion": 12.0, "fusion.1": 3.0, "while.body.3": 2.0}, "jit_other": {"fusion": 25.0}}
+    assert source_times(hlo, times["jit_step"]) == {"jvp()/neg": 12.0, "adam/add": 3.0, "(not in entry)": 2.0}
+    records = [{"backend": "jax", "batch": 8, "profile": {"wall_us": 30.0, "total_us": 17.0,
+                                                            "op_us": {"jvp()/neg": 12.0, "adam/add": 3.0}}},
+               {"backend": "jax", "batch": 8, "profile": {"wall_us": 20.0, "total_us": 9.0,
+                                                            "op_us": {"jvp()/neg": 2.0, "add": 7.0}}}]
+    assert time_table(records).splitlines()[2:] == [
+        "| jax | 8 | wall time a step | 30.0 | 20.0 |", "| jax | 8 | instructions' time, summed | 17.0 | 9.0 |",
+        "| jax | 8 | `jvp()/neg` | 12.0 | 2.0 |", "| jax | 8 | `adam/add` | 3.0 | 0.0 |",
+        "| jax | 8 | `add` | 0.0 | 7.0 |"]
+
+
 @pytest.mark.skipif(BACKEND == "torch", reason="XLA's dumps (JAX, TensorFlow)")
 def test_step_kernels_benchmark_runs(tmp_path):
     out = tmp_path / "kernels.json"
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "step_kernels.py"), "--backend", BACKEND,
-         "--size", "nano", "--batch", "8", "--by-source", "--json", str(out)],
+         "--size", "nano", "--batch", "8", "--by-source", "--json", str(out)]
+        + (["--profile", "--profile-steps", "2"] if BACKEND == "jax" else []),
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -247,4 +285,8 @@ def test_step_kernels_benchmark_runs(tmp_path):
     for r in records:
         assert r["batch"] == 8 and r["ops"].get("fusion", 0) > 0 and "parameter" not in r["ops"]
         assert sum(r["sources"].values()) == sum(r["ops"].values())  # the same instructions, grouped otherwise
+        if BACKEND == "jax":  # profiled: the step's instructions took time, and most of it is in the entry
+            profile = r["profile"]
+            assert profile["wall_us"] > 0 and profile["total_us"] == pytest.approx(sum(profile["op_us"].values()))
+            assert profile["op_us"].get("(not in entry)", 0.0) < 0.5 * profile["total_us"]
     assert "| launches |" in result.stdout and "| source |" in result.stdout
