@@ -93,6 +93,17 @@ def op_times(trace, steps):
     return {module: dict(ops) for module, ops in out.items()}
 
 
+def step_op_times(op_us, name):
+    """The step module's `{instruction: us}` from `op_times`' modules: those named `name`, or `name` with a
+    suffix a runtime may add (`jit_step(3)`, `jit_step.1`)."""
+    out = collections.defaultdict(float)
+    for module, ops in op_us.items():
+        if module == name or module.startswith((f"{name}(", f"{name}.")):
+            for op, us in ops.items():
+                out[op] += us
+    return dict(out)
+
+
 def _entry_instructions(hlo_text):
     """`(instruction, opcode, op_name)` of each instruction of the entry computation that launches work;
     op_name is the traced source op XLA's metadata names ("" where it names none)."""
@@ -178,7 +189,7 @@ def count(backend, size, batch, impl, profile_steps=0):
         if profile_steps:
             with open(profile_to) as f:
                 timed = json.load(f)
-            op_us = timed["op_us"].get(module_name(module), {})
+            op_us = step_op_times(timed["op_us"], module_name(module))
             profile = {"wall_us": timed["wall_us"], "total_us": sum(op_us.values()),
                        "op_us": dict(sorted(source_times(module, op_us).items(), key=lambda kv: -kv[1]))}
             if "error" in timed or not op_us:
