@@ -249,6 +249,7 @@ def step_memory(files):
 PEER_LABELS = {
     "official": "official DreamerV3 (JAX)",
     "sheeprl": "sheeprl (PyTorch)",
+    "sheeprl_compiled": "sheeprl, `algo.compile` (PyTorch)",
     "rllib": "RLlib (PyTorch)",
     "torchrl": "TorchRL (PyTorch)",
 }

@@ -32,7 +32,9 @@ versions; nothing outside the critic update, e.g. imagination or lambda-returns,
   (dreamer_v3.py:468-474): ``critic_loss`` (:389-400; fast and target forward on the T rows of the
   [T + 1, B, D] trajectory, two-hot NLL of the targets + of the target critic's mean) under
   ``autocast_cache_scope`` and sheeprl's ``update`` (utils/fabric.py:114-150: zero_grad, fabric.backward,
-  all-reduce (a no-op), fabric.clip_gradients(100), optimizer.step). ``algo.compile`` stays off (its default).
+  all-reduce (a no-op), fabric.clip_gradients(100), optimizer.step). ``algo.compile`` stays off (its default);
+  ``sheeprl_compiled`` sets it (``algo.compile.enabled=True``: ``critic_loss`` through ``torch.compile``, its
+  mode ``reduce-overhead``, utils/compile.py; the update stays eager).
   multicritic: sheeprl.CRITIC_OPTIONS (2023 architecture, input z|h), Adam lr 3e-5 eps 1e-5, clip 100,
   EMA decay 0.98 (= 1 - tau).
 * RLlib 2.60.0 (ray/rllib/algorithms/dreamerv3/): ``CriticNetwork(input_size=h + z, model_size=size)``
@@ -92,8 +94,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))  # the repository
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-PEERS = ("sheeprl", "rllib", "torchrl")
-PEER_MODULES = {"sheeprl": "sheeprl", "rllib": "ray.rllib.algorithms.dreamerv3.torch", "torchrl": "torchrl"}
+PEERS = ("sheeprl", "sheeprl_compiled", "rllib", "torchrl")
+PEER_MODULES = {"sheeprl": "sheeprl", "sheeprl_compiled": "sheeprl", "rllib": "ray.rllib.algorithms.dreamerv3.torch",
+                "torchrl": "torchrl"}
 HORIZON = 15  # the default imagination horizon of all peers (sheeprl algo.horizon, RLlib horizon_H, official)
 BINS = 255
 TAU = 0.02  # every peer's slow-critic rate (multicritic: ema_decay = 1 - TAU)
@@ -160,7 +163,8 @@ def multicritic_settings(peer):
     if peer == "dreamerv3":
         from multicritic.interop.dreamerv3 import CRITIC_OPTIONS
     else:
-        CRITIC_OPTIONS = importlib.import_module(f"multicritic.interop.{peer}").CRITIC_OPTIONS
+        # A peer's variant (sheeprl_compiled) has the peer's critic.
+        CRITIC_OPTIONS = importlib.import_module(f"multicritic.interop.{peer.removesuffix('_compiled')}").CRITIC_OPTIONS
     critic = dict(CRITIC_OPTIONS, num_buckets=BINS, ema_decay=1.0 - TAU)
     if peer in ("torchrl", "dreamerv3"):  # AGC + LaProp with warm-up, no global clip
         from multicritic.optimizers import official_optimizer
@@ -186,7 +190,7 @@ def make_multicritic(peer, dims, arrays, jit_compile=False):
 
 
 # --------------------------------------------------------------------------- sheeprl
-def make_sheeprl(dims, arrays):
+def make_sheeprl(dims, arrays, compile_loss=False):
     import gymnasium as gym
     import numpy as np
     import torch
@@ -210,6 +214,7 @@ def make_sheeprl(dims, arrays):
         f"algo.dense_units={units}", f"algo.mlp_layers={layers}",
         f"algo.world_model.recurrent_model.recurrent_state_size={gru}",
         f"algo.world_model.stochastic_size={cats}", f"algo.world_model.discrete_size={classes}",
+        f"algo.compile.enabled={compile_loss}",
     ]
     with initialize_config_module(version_base="1.3", config_module="sheeprl.configs"):
         cfg = compose(config_name="config", overrides=overrides)
@@ -243,7 +248,8 @@ def make_sheeprl(dims, arrays):
     opt = cfg.algo.critic.optimizer
     note = (f"build_agent critic + target (MLP {layers}x{units}, in z|h {cats * classes}+{gru}); "
             f"{opt['_target_'].split('.')[-1]} lr {opt['lr']} eps {opt['eps']} fused={opt.get('fused')}; "
-            f"clip {cfg.algo.critic.clip_gradients}; tau {tau}")
+            f"clip {cfg.algo.critic.clip_gradients}; tau {tau}"
+            + (f"; algo.compile (torch.compile of critic_loss, mode {cfg.algo.compile.mode})" if compile_loss else ""))
     return step, (t + 1, b), note
 
 
@@ -395,8 +401,8 @@ def missing(peer):
 
 
 def make_peer(peer, dims, arrays, size):
-    if peer == "sheeprl":
-        return make_sheeprl(dims, arrays)
+    if peer in ("sheeprl", "sheeprl_compiled"):
+        return make_sheeprl(dims, arrays, compile_loss=peer == "sheeprl_compiled")
     if peer == "rllib":
         return make_rllib(dims, arrays, size)
     return make_torchrl(dims, arrays)

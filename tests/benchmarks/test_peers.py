@@ -50,7 +50,8 @@ def test_peers_benchmark_runs(tmp_path):
                    "--repeats", "2", "--block-seconds", "0.01", "--threads", "1", "--json", str(out)],
                   env=dict(os.environ, KERAS_BACKEND="torch"))
     records = json.loads(out.read_text())
-    assert sorted((r["peer"], r["batch"]) for r in records) == [("rllib", 8), ("sheeprl", 8), ("torchrl", 8)]
+    assert sorted((r["peer"], r["batch"]) for r in records) == [("rllib", 8), ("sheeprl", 8), ("sheeprl_compiled", 8),
+                                                                ("torchrl", 8)]
     for r in records:
         assert r["size"] == "nano" and r["backend"] == "torch" and "skipped" not in r
         assert r["peer_ms"] > 0 and r["multicritic_ms"] > 0
