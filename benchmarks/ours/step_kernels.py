@@ -33,6 +33,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, ROOT)
@@ -52,27 +53,25 @@ def _run_step(backend, size, batch, impl, profile_steps=0, profile_to=None):
     impls, _ = make_impls(backend, size, batch, [impl])
     dims = get_model_dims(size)
     data = _inputs(backend, batch, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"], seed=0)
-    for _ in range(2):
-        metrics = impls[impl](*data)
-    _sync(backend, metrics)
+
+    def run(steps):
+        for _ in range(steps):
+            metrics = impls[impl](*data)
+        _sync(backend, metrics)
+
+    run(2)
     if not profile_steps:
         return
-    import time
-
     import jax
 
     start = time.perf_counter()
-    for _ in range(profile_steps):
-        metrics = impls[impl](*data)
-    _sync(backend, metrics)
+    run(profile_steps)
     wall_us = (time.perf_counter() - start) / profile_steps * 1e6
     result = {"wall_us": wall_us, "op_us": {}}
     try:  # a machine without the profiler's libraries (CUPTI on a GPU) still gets its counts and wall time
         with tempfile.TemporaryDirectory() as folder:
             with jax.profiler.trace(folder, create_perfetto_trace=True):
-                for _ in range(profile_steps):
-                    metrics = impls[impl](*data)
-                _sync(backend, metrics)
+                run(profile_steps)
             trace = next(pathlib.Path(folder).rglob("*.trace.json.gz"))
             result["op_us"] = op_times(json.loads(gzip.decompress(trace.read_bytes())), profile_steps)
     except Exception as e:  # noqa: BLE001 (reported in the record and the table)
