@@ -16,11 +16,17 @@ from multicritic.critic_options import (  # noqa: F401  (the critic's option nam
 from multicritic.keras_training import KerasTraining
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.mlp import MLP
-from multicritic.validation import cast_to, compatible, h_z_pair, real_tensor, static_shape
+from multicritic.validation import FixedOptions, cast_to, compatible, h_z_pair, real_tensor, static_shape
 
 
 # What `on_latent` returns: both outputs, or one of them.
 _OUTPUTS = ("both", "logits", "value")
+# The constructor's options, read-only once the critic is built (`FixedOptionError`): the forward passes, the
+# compiled steps and the checkpoints read them. The input sizes are set by `build`.
+FIXED_OPTIONS = ("model_size", "num_buckets", "lower_bound", "upper_bound", "ema_decay", "bin_scheme",
+                 "num_dense_layers", "dense_hidden_units", "head", "hl_gauss_sigma", "ensemble_size", "aggregation",
+                 "aggregation_subset", "norm", "norm_epsilon", "use_bias", "kernel_initializer", "input_layout",
+                 "gru_units", "num_z_categoricals", "num_z_classes")
 
 
 class _OnLatent:
@@ -34,7 +40,7 @@ class _OnLatent:
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
-class CriticNetwork(KerasTraining, keras.Model):
+class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
     """The DreamerV3 critic: a distributional value network plus its EMA copy, optionally an ensemble.
 
     The state `x = concat([h, flatten(z)])` (or z first: `input_layout`) goes through an `MLP` and a value
@@ -230,6 +236,14 @@ class CriticNetwork(KerasTraining, keras.Model):
                 (None, self.gru_units),
                 (None, self.num_z_categoricals, self.num_z_classes),
             )
+        self.fix_options()
+
+    fixed_options = FIXED_OPTIONS
+
+    def fixed_option_hint(self, name):
+        if name == "ema_decay":
+            return "pass decay= to update_ema for another decay at one update"
+        return "build a new critic with it: CriticNetwork.from_config({**critic.get_config(), ...})"
 
     @classmethod
     def from_config(cls, config):
@@ -276,8 +290,10 @@ class CriticNetwork(KerasTraining, keras.Model):
                             num_dense_layers=self.num_dense_layers, dense_hidden_units=self.dense_hidden_units,
                             output_units=heads.get(self.head).output_units(self.num_buckets), use_bias=self.use_bias,
                             norm=self.norm)
-        self.gru_units = int(h_shape[-1])
-        self.num_z_categoricals, self.num_z_classes = int(z_shape[-2]), int(z_shape[-1])
+        # The input sizes, from the first call where they were left out (past the options' lock).
+        for name, size in (("gru_units", h_shape[-1]), ("num_z_categoricals", z_shape[-2]),
+                           ("num_z_classes", z_shape[-1])):
+            object.__setattr__(self, name, int(size))
         in_shape = (None, self.latent_size)
         for mlp, head in ((self.mlp, self.return_layer), (self.mlp_ema, self.return_layer_ema)):
             mlp.build(in_shape)

@@ -11,6 +11,35 @@ import numpy as np
 from keras import ops
 
 
+class FixedOptionError(AttributeError, ValueError):
+    """An assignment to an option fixed when its object was built (a `ValueError` and an `AttributeError`, as
+    assigning a read-only attribute is): the compiled steps of every backend read the options once, so a
+    changed value would be taken by one path and not another."""
+
+
+class FixedOptions:
+    """Makes the attributes named in `fixed_options` read-only once `fix_options()` has run (a mixin, first
+    among the bases): assigning one raises `FixedOptionError`, with `fixed_option_hint(name)` saying what to do
+    instead."""
+
+    fixed_options: Tuple[str, ...] = ()
+
+    def fixed_option_hint(self, name: str) -> str:
+        return f"build a new {type(self).__name__} with {name}=..."
+
+    def fix_options(self) -> None:
+        self.__dict__["_options_fixed"] = True
+
+    def __setattr__(self, name, value):
+        if name in self.fixed_options and self.__dict__.get("_options_fixed", False):
+            kind = type(self).__name__
+            raise FixedOptionError(
+                f"{name}: got an assignment of {value!r} to {kind}.{name}, expected none: the option is fixed when "
+                f"the {kind} is built (every backend's compiled step reads it once); "
+                f"{self.fixed_option_hint(name)}.")
+        super().__setattr__(name, value)
+
+
 @functools.lru_cache(maxsize=None)
 def dtype_name(dtype) -> str:
     """`keras.backend.standardize_dtype(dtype)`, cached: a step checks every input's dtype, and the standard

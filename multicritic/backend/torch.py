@@ -10,9 +10,7 @@ clipped update and EMA step, so the weights stay identical everywhere.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import inspect
 import os
 import warnings
@@ -24,13 +22,18 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.torch import core as keras_torch
 
 from multicritic import backend as backend_contract
-from multicritic.backend import Backend, torch_replay, torch_step
+from multicritic.backend import Backend, torch_replay, torch_step, torch_views
 
-VIEW_OUTPUTS = ("logits", "value", "both")
+# Keras creates some of its thread's global attributes in the first layer call (a view's call enters a
+# stateless scope, whose exit reads the list of uninitialised variables). Made now, as Keras would make them, a
+# host's `torch.compile` of that first call does not guard on their absence (and recompile on the second call).
+def _premake_keras_globals():
+    for name, value in (("current_call_ctx", None), ("stateless_scope", None), ("uninitialized_variables", [])):
+        if global_state.get_global_attribute(name) is None:
+            global_state.set_global_attribute(name, value)
 
-# Keras creates its call-context attribute in the first layer call. Made now, a host's `torch.compile` of that
-# first call does not guard on its absence (and recompile on the second call).
-global_state.set_global_attribute("current_call_ctx", global_state.get_global_attribute("current_call_ctx"))
+
+_premake_keras_globals()
 
 
 def _distributed() -> bool:
@@ -82,263 +85,6 @@ def _fused_adam_params(optimizer, grads, variables):
                 or p.dtype != torch.float32 or g.dtype != torch.float32 or p.device != device or g.device != device):
             return None
     return params if device.type in _FUSED_DEVICES else None
-
-
-def _alias(tensor, transpose: bool, requires_grad: bool):
-    """A parameter sharing `tensor`'s storage, transposed (a Keras kernel `[in, out]` as a torch `Linear.weight`
-    `[out, in]`): in-place updates of either are updates of both."""
-    return torch.nn.Parameter(tensor.detach().t() if transpose else tensor.detach(), requires_grad=requires_grad)
-
-
-def _host_contiguous(var) -> None:
-    """Lays a Keras kernel's storage out as its transpose (a host's torch `Linear.weight` `[out, in]`, contiguous),
-    the kernel becoming a transposed view of it. The host parameter, its gradient (autograd gives a gradient
-    the parameter's strides) and an optimizer's state over it (made by `zeros_like`, or loaded from a host
-    checkpoint, which is contiguous) then share one layout: torch's fused optimizers (sheeprl's
-    `Adam(fused=True)`) assume they do, and on a transposed parameter with a contiguous loaded state they
-    update the wrong elements (silently: measured on torch 2.13's CPU kernel)."""
-    value = var.value
-    if value.dim() == 2 and not value.t().is_contiguous():
-        with torch.no_grad():
-            value.data = value.data.t().contiguous().t()
-
-
-def _holder(module, name: str):
-    """The submodule that holds a dotted `name` (`_model.0.weight`), plain modules made for its prefixes, and
-    the name's last part."""
-    *path, leaf = name.split(".")
-    for part in path:
-        child = module._modules.get(part)
-        if child is None:
-            child = torch.nn.Module()
-            module.add_module(part, child)
-        module = child
-    return module, leaf
-
-
-def _register(module, name: str, param) -> None:
-    """`param` registered under a dotted `name`, so that `state_dict()` keys are `name`."""
-    holder, leaf = _holder(module, name)
-    holder.register_parameter(leaf, param)
-
-
-def _register_buffer(module, name: str, tensor):
-    """`tensor` registered as a buffer under a dotted `name`, as `_register` does parameters; returns its holder."""
-    holder, leaf = _holder(module, name)
-    holder.register_buffer(leaf, tensor)
-    return holder
-
-
-# Wrappers whose attribute name prefixes every key of a wrapped module's state dict: torch.compile,
-# DistributedDataParallel, Lightning Fabric (as `multicritic.interop` accepts them).
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
-
-
-def _unwrap_state_dict(state_dict, own):
-    """`state_dict` without the key prefixes of torch.compile / DDP / Fabric wrappers (taken off while every key
-    has one and none is one of `own`'s keys: a layout's own names may start like a wrapper's, as TorchRL's)."""
-    while state_dict and not any(k in own for k in state_dict):
-        prefix = next((p for p in _WRAPPER_PREFIXES
-                       if all(isinstance(k, str) and k.startswith(p) for k in state_dict)), None)
-        if prefix is None:
-            break
-        state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
-    return state_dict
-
-
-def _check_state_dict(module, state_dict, strict: bool, prefix: str = "") -> None:
-    """A `ValueError` naming `state_dict` unless loading it into `module` (whose keys carry `prefix`) changes every
-    parameter it names or none: keys (when `strict`), then every tensor's type, shape, dtype and finiteness as
-    the parameter's dtype (a float64 1e39 is inf in float32)."""
-    own = {prefix + k: v for k, v in module.state_dict(keep_vars=True).items()}
-    if strict:
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if isinstance(k, str) and k.startswith(prefix) and k not in own]
-        if missing or unexpected:
-            parts = [f"missing {missing[:5]}"] if missing else []
-            parts += [f"unexpected {unexpected[:5]}"] if unexpected else []
-            raise ValueError(f"state_dict: holds {len(state_dict)} tensors, expected {len(own)}: "
-                             f"{'; '.join(parts)}.")
-    for name, value in state_dict.items():
-        if name not in own:
-            continue
-        want = tuple(own[name].shape)
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"state_dict[{name!r}]: got a {type(value).__name__}, expected a torch.Tensor of shape "
-                             f"{list(want)}.")
-        if tuple(value.shape) != want:
-            raise ValueError(f"state_dict[{name!r}]: got shape {list(value.shape)}, expected {list(want)}.")
-        if not value.is_floating_point():
-            raise ValueError(f"state_dict[{name!r}]: got dtype {value.dtype}, expected a floating-point dtype.")
-        as_param = value.detach().to(own[name].dtype)
-        if not bool(torch.isfinite(as_param).all()):
-            raise ValueError(f"state_dict[{name!r}]: got {int((~torch.isfinite(as_param)).sum())} non-finite "
-                             f"value(s) (as {own[name].dtype}), expected finite values.")
-    for holder, leaf, name in getattr(module, "constants", ()):  # host buffers fixed by the configuration
-        value, want = state_dict.get(prefix + name), holder._buffers[leaf]
-        if value is not None and not torch.allclose(value.detach().to(want.device, torch.float64),
-                                                    want.to(torch.float64), rtol=1e-6, atol=0.0):
-            raise ValueError(f"state_dict[{prefix + name!r}]: got values that differ from this critic's (a buffer "
-                             "fixed by its configuration: its bins, bounds and scheme).")
-
-
-class _AllOrNothingLoad:
-    """`load_state_dict` for the views, all or nothing: every key, shape, dtype and value is checked before the
-    first parameter changes (torch's own copies the tensors that fit, then reports the others), also when the
-    view is loaded inside a wrapper (torch.compile, DDP). Values must be tensors of a floating-point dtype,
-    finite as the parameters' dtype; keys with a torch.compile / DDP / Fabric wrapper's prefix load too;
-    `assign=True` is refused (the parameters are the critic's own tensors: new ones would not be the
-    critic's)."""
-
-    def load_state_dict(self, state_dict, strict=True, assign=False):
-        from collections.abc import Mapping
-
-        if assign:
-            raise ValueError("assign: got True, expected False (the view's parameters are the critic's own tensors; "
-                             "assigned ones would not reach the critic).")
-        if not isinstance(state_dict, Mapping):
-            raise ValueError(f"state_dict: got a {type(state_dict).__name__}, expected a mapping of names to tensors.")
-        state_dict = _unwrap_state_dict(state_dict, self.state_dict(keep_vars=True))
-        _check_state_dict(self, state_dict, bool(strict))
-        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=False)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        if prefix:  # inside a wrapper's load: this view's tensors checked before any of them is copied
-            _check_state_dict(self, state_dict, False, prefix)
-        return torch.nn.Module._load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                                                     unexpected_keys, error_msgs)
-
-
-class CriticModule(_AllOrNothingLoad, torch.nn.Module):
-    """One half of a critic (fast or EMA) as a `torch.nn.Module` holding the critic's own parameters.
-
-    The parameters are the Keras variables' tensors themselves (no copy):
-    a host's optimizer, `load_state_dict`, `.to(device)` and in-place soft
-    updates change the critic. The critic is not a submodule, so
-    `parameters()` lists this half only.
-
-    With a `layout` (`[(name, variable, transpose), ...]`, from
-    `multicritic.interop`), the parameters carry a host's names, order and
-    shapes (torch `Linear` weights `[out, in]`: views of the Keras kernels'
-    storage, transposed), so the module's `state_dict()` and an optimizer's
-    state over its parameters are those of the host's own critic: a host
-    checkpoint written with it loads into the host's critic, and one written
-    by the host's critic loads into it. An entry `(name, array, "constant")`
-    is a host buffer fixed by the critic's configuration (TorchRL's bins):
-    registered as a buffer (in `state_dict()`), loaded only when its values
-    are the array's to 1e-6 (relative), else a `ValueError`.
-    """
-
-    def __init__(self, critic, use_ema: bool, outputs: str, layout=None):
-        super().__init__()
-        if outputs not in VIEW_OUTPUTS:
-            raise ValueError(f"outputs: got {outputs!r}, expected one of {list(VIEW_OUTPUTS)}.")
-        if not critic.built:
-            raise ValueError("critic: not built yet; call it once or give its input sizes first.")
-        self.__dict__["critic"] = critic
-        self.use_ema = bool(use_ema)
-        self.outputs = outputs
-        variables = critic.ema_weights if use_ema else critic.fast_weights
-        if layout is None:
-            layout = [(name, var, False) for name, var in zip(critic.view_names(), variables)]
-        layout = [tuple(entry) for entry in layout]
-        constants = [entry for entry in layout if len(entry) == 3 and isinstance(entry[2], str)]
-        if any(entry[2] != "constant" for entry in constants):
-            raise ValueError("layout: got an entry whose third element is a string other than 'constant'.")
-        layout = [entry for entry in layout if not (len(entry) == 3 and isinstance(entry[2], str))]
-        if sorted(id(v) for _, v, _ in layout) != sorted(id(v) for v in variables):
-            raise ValueError("layout: got entries that are not the critic's "
-                             f"{'EMA' if use_ema else 'fast'} variables, each once.")
-        self.__dict__["variables"] = [var for _, var, _ in layout]
-        self.__dict__["transposed"] = [bool(t) for _, _, t in layout]
-        for name, var, transpose in layout:
-            if transpose:
-                _host_contiguous(var)
-            _register(self, name, var.value if not transpose else _alias(var.value, True, var.trainable))
-        self.__dict__["params"] = list(self.parameters())
-        self.__dict__["aliased"] = any(self.transposed)
-        self.__dict__["constants"] = []  # (holder module, leaf name, full name) of each host buffer
-        device = variables[0].value.device if variables else None
-        for name, array, _ in constants:
-            holder = _register_buffer(self, name, torch.as_tensor(array, dtype=torch.float32, device=device).clone())
-            self.constants.append((holder, name.rsplit(".", 1)[-1], name))
-
-    def _values(self):
-        """The variables' values as the forward pass reads them: the transposed parameters' views back in
-        Keras's layout (so gradients reach the parameters the host's optimizer holds)."""
-        return [p.t() if t else p for p, t in zip(self.params, self.transposed)]
-
-    def _apply(self, fn, recurse=True):
-        # `.to(device)` / `.double()`: a transposed parameter is re-made as a view of the moved Keras tensor, so
-        # the two keep sharing storage.
-        if not self.aliased:
-            return super()._apply(fn, recurse)
-        for var, param, transpose in zip(self.variables, self.params, self.transposed):
-            var.value.data = fn(var.value.data)
-            if transpose:
-                param.data = var.value.data.t()
-        for holder, leaf, _ in self.constants:
-            holder._buffers[leaf] = fn(holder._buffers[leaf])
-        return self
-
-    def forward(self, latent, z=None):
-        # Replayed here, not only by the critic: a call skips the critic's entry point and its checks.
-        key = ("view", z is None, self.use_ema, self.outputs, self.critic.forward_signature())
-        inputs = (latent,) if z is None else (latent, z)
-        return torch_replay.replay(self, self._variables, key, self._run, inputs,
-                                   self._values() if self.aliased else None)
-
-    def _variables(self):
-        return self.variables
-
-    def _run(self, latent, z=None):
-        if z is None:
-            return self.critic.on_latent(latent, use_ema=self.use_ema, outputs=self.outputs)
-        with BACKEND.device_scope(latent):
-            value, logits = self.critic(latent, z, use_ema=self.use_ema)
-        return {"logits": logits, "value": value, "both": (value, logits)}[self.outputs]
-
-
-class CriticPairModule(_AllOrNothingLoad, torch.nn.Module):
-    """Both halves of a critic as one `torch.nn.Module`: `fast` and `ema` views, parameters fast first.
-
-    `forward(h, z=None, return_logits=False, use_ema=False)` and
-    `init_ema()` / `update_ema()` are those of RLlib's PyTorch
-    `CriticNetwork`, so it takes that critic's place in RLlib's learner.
-    """
-
-    def __init__(self, critic, layout=None):
-        super().__init__()
-        self.__dict__["critic"] = critic
-        if layout is None:
-            self.fast = CriticModule(critic, False, "both")
-            self.ema = CriticModule(critic, True, "both")
-            return
-        # A host's layout `(fast, ema)`: both halves' parameters under the host's own names on this module
-        # (the views are kept aside, not as submodules, so each parameter is listed once).
-        self.__dict__["fast"] = CriticModule(critic, False, "both", layout[0])
-        self.__dict__["ema"] = CriticModule(critic, True, "both", layout[1])
-        for view in (self.fast, self.ema):
-            for name, param in view.named_parameters():
-                _register(self, name, param)
-
-    def _apply(self, fn, recurse=True):
-        if "fast" in self._modules:
-            return super()._apply(fn, recurse)
-        self.fast._apply(fn, recurse)
-        self.ema._apply(fn, recurse)
-        return self
-
-    def forward(self, h, z=None, return_logits=False, use_ema=False):
-        value, logits = (self.ema if use_ema else self.fast)(h, z)
-        return (value, logits) if return_logits else value
-
-    def init_ema(self):
-        self.critic.init_ema()
-
-    def update_ema(self):
-        self.critic.update_ema()
 
 
 # What compiles a traced step: "inductor" (generated kernels), or "aten" (the traced graph run op by op:
@@ -413,11 +159,6 @@ _NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
                    else {"broadcast_buffers": False})
 
 
-@functools.lru_cache(maxsize=None)
-def _torch_device(name):
-    return torch.device(name)
-
-
 class TorchBackend(Backend):
     name = "torch"
     has_list_kernels = True
@@ -451,18 +192,15 @@ class TorchBackend(Backend):
         return list(torch.split(x, [int(s) for s in sizes], dim=axis))
 
     def replay(self, owner, variables, key, fn, inputs):
-        return torch_replay.replay(owner, variables, key, fn, inputs)
+        return torch_replay.replay(owner, variables, (key, torch_views.layout_epoch(owner)), fn, inputs)
 
     def device_scope(self, x):
-        want, have = getattr(x, "device", None), _torch_device(keras_torch.get_device())
-        if want is None or (want.type == have.type and have.index in (None, want.index)):
-            return contextlib.nullcontext()
-        return keras_torch.device_scope(str(want))
+        return torch_views.device_scope(x)
 
     def module_view(self, critic, use_ema, outputs, layout=None):
         if use_ema is None:
-            return CriticPairModule(critic, layout)
-        return CriticModule(critic, use_ema, outputs, layout)
+            return torch_views.CriticPairModule(critic, layout)
+        return torch_views.CriticModule(critic, use_ema, outputs, layout)
 
     def apply_gradients(self, optimizer, grads, variables):
         """A plain Keras Adam runs as PyTorch's one fused kernel (one pass over the weights instead of Keras's

@@ -38,9 +38,8 @@ import torch
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from multicritic.backend import guard_scope
+from multicritic.backend import guard_scope, torch_step
 
 # Off: every call runs the Keras ops (for debugging, or to compare against).
 ENABLED = True
@@ -69,8 +68,7 @@ def replayable(inputs: Sequence) -> bool:
         if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
             return False
     return not (
-        torch.compiler.is_compiling()
-        or is_in_torch_dispatch_mode()
+        torch_step.tracing()
         or torch._C._get_tracing_state() is not None
         or in_stateless_scope()
         or in_symbolic_scope()
@@ -82,8 +80,37 @@ class _Cache:
         self.graphs = {}
 
 
-def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: Sequence, values=None):
+def autocast_state(device_type: str):
+    """What `torch.autocast` changes for ops on `device_type` now: None when it is off, else its dtype."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def _layout(x):
+    return (x.shape, x.dtype, x.device, True if x.is_contiguous() else x.stride())
+
+
+def signature(key, inputs: Sequence, values=None) -> tuple:
+    """What selects a traced graph: `key`, the autocast state of the inputs' device, and every input's (and
+    value's, where `values` is a list of tensors) shape, dtype, device and strides (a transposed batch takes
+    other ops: `reshape` copies it). `values` may instead be a hashable that stands for them."""
+    x = inputs[0]
+    device = x.device
+    parts = (key, autocast_state(device.type), x.shape, x.dtype, device,
+             True if x.is_contiguous() else x.stride(), *map(_layout, inputs[1:]))
+    if values is not None:
+        parts += (values,) if not isinstance(values, list) else tuple(map(_layout, values))
+    return parts
+
+
+def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: Sequence, values=None,
+           values_key=None):
     """`fn(*inputs)`, replayed from a traced graph where possible.
+
+    A graph is traced per `signature` (the inputs', the values' and
+    autocast's state), so a call replays only a graph traced in the same
+    state, and gives what `fn` gives.
 
     Args:
         owner: what the graphs are cached on (a critic, a module view), weakly.
@@ -94,26 +121,25 @@ def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: 
         fn: the eager computation, a function of `inputs` only.
         inputs: torch tensors.
         values: tensors `fn` reads in place of the variables' own (in their
-            order; e.g. views of a module's parameters, so that gradients
-            reach those), or None.
+            order; e.g. a module's parameters as read through the module, so
+            that gradients reach those and swapped ones are read), or None.
+        values_key: a hashable standing for the values' shapes, dtypes,
+            devices and strides in the signature (the caller knows them
+            unchanged), or None: read from the values.
     """
     if not ENABLED or not replayable(inputs):
         return _eager(variables, fn, inputs, values)
     cache = _CACHES.get(id(owner))
     if cache is None:
         cache = _cache_of(owner)
-    if len(inputs) == 1:
-        x = inputs[0]
-        signature = (key, x.shape, x.dtype, x.device)
-    else:
-        signature = (key,) + tuple((x.shape, x.dtype, x.device) for x in inputs)
-    graph = cache.graphs.get(signature)
-    if graph is not None:
+    sig = signature(key, inputs, list(values) if values is not None and values_key is None else values_key)
+    graph = cache.graphs.get(sig)
+    if graph is not None and (graph is _UNTRACEABLE or graph.current()):
         return _eager(variables, fn, inputs, values) if graph is _UNTRACEABLE else graph(inputs, values)
     # Eager first: it validates the inputs and is the reference the trace must reproduce.
     outputs = _eager(variables, fn, inputs, values)
-    if len(cache.graphs) < MAX_SIGNATURES:
-        cache.graphs[signature] = _trace(list(variables()), fn, inputs, outputs, values)
+    if graph is not None or len(cache.graphs) < MAX_SIGNATURES:
+        cache.graphs[sig] = _trace(list(variables()), fn, inputs, outputs, values)
     return outputs
 
 
@@ -141,9 +167,18 @@ class _Graph:
         self.run_no_grad = run_no_grad  # the same ops less the `detach`es, which only matter to autograd
         self.source = source  # the generated Python, for inspection
         self.tensors = tensors
+        # The first captured tensor's dtype and device (None: the values are passed at each call, and their
+        # layouts are part of the signature). Other changes of a captured tensor's layout come with a new
+        # layout epoch in the key (`torch_views.layout_epoch`).
+        self.layouts = None
         self.structure = structure
         # The pass without overflow guards, which returns None where its row check fails (or None: none).
         self.unguarded = self.unguarded_no_grad = self.unguarded_source = None
+
+    def current(self) -> bool:
+        """Whether the tensors captured at trace time still have the dtype and device they were traced with (a
+        critic moved or converted as a torch module; a graph given its values at each call captures none)."""
+        return self.layouts is None or (self.tensors[0].dtype, self.tensors[0].device) == self.layouts
 
     def __call__(self, inputs, values=None):
         args = (*(self.tensors if values is None else values), *inputs)
@@ -165,7 +200,7 @@ def _trace(variables, fn, inputs, reference, values=None):
             out = fn(*args[n:])
         return list(out) if isinstance(out, tuple) else out
 
-    examples = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in inputs]
+    examples = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) for x in inputs]
     args = [*(tensors if values is None else values), *inputs]
 
     def fx():
@@ -176,6 +211,8 @@ def _trace(variables, fn, inputs, reference, values=None):
     try:
         run, run_no_grad, source = _straight_line(fx())
         graph = _Graph(run, run_no_grad, source, tensors, "tuple" if isinstance(reference, tuple) else None)
+        if values is None and tensors:
+            graph.layouts = (tensors[0].dtype, tensors[0].device)
         with torch.no_grad():
             runs = [run(*args) for run in (graph.run, graph.run_no_grad)]
     except Exception:  # a data-dependent op, or an op the tracer does not know: this signature runs eagerly
@@ -184,6 +221,8 @@ def _trace(variables, fn, inputs, reference, values=None):
         return _UNTRACEABLE
     if all(x.device.type == "cpu" for x in args):
         _add_unguarded(graph, fx, args, reference)
+    if values is not None:
+        graph.tensors = None  # given at each call: the traced call's values are not kept alive
     return graph
 
 

@@ -9,8 +9,9 @@ gradients by `torch.autograd.grad`, `StepProgram.apply`) is traced once per
 input signature with `make_fx` into one ATen graph, backward pass and
 in-place assignments included, and that graph goes to inductor directly
 (`torch._inductor.compile`). A call looks its graph up by the batch's
-shapes, dtypes and devices and the variables' memory layouts (a dictionary
-lookup: no guards to evaluate) and runs it on the variables' own tensors,
+shapes, dtypes and devices, the autocast state and the variables' dtypes,
+devices and memory layouts (a dictionary lookup: no guards to evaluate; a
+non-contiguous batch is copied contiguous first) and runs it on the variables' own tensors,
 which it updates in place. On CUDA the compiled step is recorded once as a
 CUDA graph and replayed (one launch a step).
 
@@ -36,7 +37,6 @@ from torch._guards import tracing as tracing_context
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 # Distinct batch signatures compiled per step kind; past this many a new one runs eagerly (a caller whose
 # shapes never repeat would otherwise compile at every call).
@@ -44,9 +44,16 @@ MAX_SIGNATURES = 8
 
 
 def tracing() -> bool:
-    """Whether the current code runs under a tracer (`torch.compile`, `make_fx`): nothing may be read on the
-    host, and kernels that only run eagerly (PyTorch's fused Adam) are not called."""
-    return torch.compiler.is_compiling() or is_in_torch_dispatch_mode()
+    """Whether the current code runs under a tracer in this thread (dynamo's `torch.compile`, `make_fx`):
+    nothing may be read on the host, and kernels that only run eagerly (PyTorch's fused Adam) are not called.
+
+    Thread-local on purpose: PyTorch's `torch.compiler.is_compiling()` and
+    `is_in_torch_dispatch_mode()` read process-wide flags, which another
+    thread's trace sets while this thread trains (then this thread's step
+    would take the traced path's kernels, and round differently). Dynamo
+    folds `is_dynamo_compiling()` to True in what it traces; the dispatch
+    mode stack (fake tensors, `make_fx`'s proxy mode) is per thread."""
+    return torch.compiler.is_dynamo_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
 class WholeStep:
@@ -120,7 +127,13 @@ class WholeStep:
 
     def __call__(self, *batch):
         values = [v.value for v in self.state]
-        signature = tuple((x.shape, x.dtype, x.device) for x in batch) + tuple(x.stride() for x in values)
+        # A graph is compiled for its inputs' strides: a non-contiguous batch (a transposed view) is copied
+        # into the contiguous layout the step's graphs take, as an eager step's first reshape would.
+        batch = [x if x.is_contiguous() else x.contiguous() for x in batch]
+        device = batch[0].device.type if batch else "cpu"
+        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        signature = ((autocast,) + tuple((x.shape, x.dtype, x.device) for x in batch)
+                     + tuple((x.dtype, x.device, x.stride()) for x in values))
         fn = self.graphs.get(signature)
         if fn is None:
             if len(self.graphs) >= MAX_SIGNATURES:

@@ -24,7 +24,7 @@ from multicritic.layers.dispatch import call_layer
 from multicritic.losses import EMA_REGULARIZERS, critic_loss
 from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns
 from multicritic.training import hosts
-from multicritic.validation import as_float32, integer, number
+from multicritic.validation import FixedOptions, as_float32, integer, number
 
 
 def is_multi_critic(critic) -> bool:
@@ -59,14 +59,24 @@ def _before_last(x, members):
 
 
 
-class CriticStep:
+# The options a step's math reads: read-only once the step is built (`FixedOptionError`).
+FIXED_OPTIONS = ("critic", "optimizer", "gamma", "lambda_", "grad_clip", "ema_update_period", "ema_update_first",
+                 "ema_regularizer_weight", "ema_regularizer", "ema_targets", "value_loss_weight", "replay_loss_weight",
+                 "replay_discount", "seed", "jit_compile")
+
+
+class CriticStep(FixedOptions):
     """A critic's training step: its options, its state and its math, shared by every backend.
 
     `CriticTrainer` (which adds the input checks, the steps' public API and
     checkpoints) and `critic.compile` / `fit` build one. Its arguments are
     `CriticTrainer`'s, documented there; everything is checked before
-    anything changes.
+    anything changes. The options the math reads (`FIXED_OPTIONS`) are
+    read-only afterwards: assigning one raises `FixedOptionError` (a
+    `ValueError`), since every backend's compiled step reads them once.
     """
+
+    fixed_options = FIXED_OPTIONS
 
     def __init__(
         self,
@@ -183,6 +193,7 @@ class CriticStep:
         # The critic's forward pass; a backend may route it through its
         # data-parallel engine (PyTorch DDP).
         self._forward = self._backend.forward_function(critic) or functools.partial(call_layer, critic)
+        self.fix_options()
 
     # ------------------------------------------------------------------
     # State.
