@@ -192,7 +192,10 @@ class TorchBackend(Backend):
         return list(torch.split(x, [int(s) for s in sizes], dim=axis))
 
     def replay(self, owner, variables, key, fn, inputs):
-        return torch_replay.replay(owner, variables, (key, torch_views.layout_epoch(owner)), fn, inputs)
+        # The critic called as a torch module: parameters swapped by `functional_call` (or parametrized) are
+        # what it reads.
+        values = torch_views.swapped_values(owner)
+        return torch_replay.replay(owner, variables, (key, torch_views.layout_epoch(owner)), fn, inputs, values)
 
     def device_scope(self, x):
         return torch_views.device_scope(x)

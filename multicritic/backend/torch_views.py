@@ -31,6 +31,7 @@ import sys
 from collections.abc import Mapping
 
 import torch
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.torch import core as keras_torch
 
 from multicritic.backend import torch_replay
@@ -63,6 +64,39 @@ def layout_epoch(critic) -> int:
 
 def _new_layout(critic) -> None:
     critic.__dict__["_torch_layout_epoch"] = layout_epoch(critic) + 1
+
+
+def _critic_slots(critic):
+    """`([(holder, leaf)], [stored tensor])`: where `critic.named_parameters()` holds each of `critic.weights`
+    (Keras's per-layer `ParameterDict`s), in that order, and the tensor each variable stores; cached on the
+    critic per forward signature (which `quantize` and LoRA, the only ways to add variables, change)."""
+    signature = critic.forward_signature()
+    cached = critic.__dict__.get("_torch_slots")
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    names = {id(param): name for name, param in critic.named_parameters()}
+    slots, stored = [], []
+    for var in critic.weights:
+        stored.append(var._value)  # the tensor Keras stores (`value` may be a scope's or an autocast copy)
+        prefix, _, leaf = names[id(stored[-1])].rpartition(".")
+        slots.append((critic.get_submodule(prefix) if prefix else critic, leaf))
+    critic.__dict__["_torch_slots"] = (signature, (slots, stored))
+    return slots, stored
+
+
+def swapped_values(critic):
+    """What the critic, called as a torch module, reads in place of its variables' own tensors (in the order of
+    `critic.weights`): None in the usual case; the parameters as read through the module where
+    `torch.func.functional_call` swapped one or a parametrization computes one (as a `torch.nn.Linear` reads
+    its weight)."""
+    if in_stateless_scope():  # a caller's scope (a view's call, a traced step) says what the variables hold
+        return None
+    slots, stored = _critic_slots(critic)
+    read = []
+    for holder, leaf in slots:
+        param = holder._parameters.get(leaf)
+        read.append(param if param is not None else getattr(holder, leaf))
+    return None if all(map(operator.is_, read, stored)) else read
 
 
 def _alias(tensor, transpose: bool, requires_grad: bool):

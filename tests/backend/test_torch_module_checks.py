@@ -1,0 +1,345 @@
+"""PyTorch's generic module checks (its `test/test_modules.py` over `common_modules.module_db`), adapted to every
+module view of the critic with our own inputs: forward against the eager path, copies (`deepcopy`, `pickle`,
+`torch.save`) that stay live, non-contiguous inputs, dtype conversions and device moves, train/eval and `repr`,
+`state_dict` round trips (`strict`, `assign`), `functional_call`, `parametrize`, `torch.autocast`, gradients and
+double backward, `torch.compile` of the view, and a wrapper holding several views. Every check compares with the
+eager path (the Keras ops, replays off), bit for bit where that path is deterministic, or with an independently
+built reference (a copy with the parameters loaded)."""
+
+import copy
+import io
+import pickle
+
+import numpy as np
+import pytest
+
+from multicritic import CriticNetwork
+from tests.conftest import BACKEND
+
+pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="torch.nn.Module views: PyTorch backend only")
+
+if BACKEND == "torch":
+    import torch
+    from torch.func import functional_call
+    from torch.nn.utils import parametrize
+
+    from multicritic.backend import torch_replay
+    from multicritic.interop import nm512, rllib, sheeprl, torchrl
+
+H, C, K, N = 24, 4, 5, 6
+
+
+def critic_of(seed=0, **options):
+    critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=H,
+                           num_z_categoricals=C, num_z_classes=K, **options)
+    rng = np.random.default_rng(seed)
+    for var in critic.weights:  # fast and EMA apart, the zero head random: a mix-up shows
+        var.assign(rng.normal(0.0, 0.3, var.shape).astype("float32"))
+    return critic
+
+
+# name: (critic options, module of the critic, its call's (args, kwargs) from (latent, h, z))
+VIEWS = {
+    "fast_module": ({}, lambda c: c.fast_module(outputs="both"), lambda lat, h, z: ((lat,), {})),
+    "ema_module": ({}, lambda c: c.ema_module(outputs="both"), lambda lat, h, z: ((lat,), {})),
+    "fast_module(h, z)": ({}, lambda c: c.fast_module(outputs="value"), lambda lat, h, z: ((h, z), {})),
+    "torch_module": ({}, lambda c: c.torch_module(), lambda lat, h, z: ((h, z), {"return_logits": True})),
+    "sheeprl": ("sheeprl", lambda c: sheeprl.sheeprl_modules(c)[0], lambda lat, h, z: ((lat,), {})),
+    "nm512 slow": ("nm512", lambda c: nm512.nm512_modules(c)[1], lambda lat, h, z: ((lat,), {})),
+    "torchrl": ("torchrl", lambda c: torchrl.torchrl_modules(c)[0], lambda lat, h, z: ((lat,), {})),
+    "rllib": ("rllib", lambda c: rllib.rllib_torch_module(c), lambda lat, h, z: ((h, z), {"return_logits": True})),
+    "critic": ({}, lambda c: c, lambda lat, h, z: ((h, z), {})),
+}
+STATE_VIEWS = [name for name in VIEWS if name != "critic"]  # our load_state_dict (the critic's is Keras's)
+
+
+def make(name, seed=0):
+    options, build, arguments = VIEWS[name]
+    if isinstance(options, str):
+        options = {"sheeprl": sheeprl, "nm512": nm512, "torchrl": torchrl, "rllib": rllib}[options].CRITIC_OPTIONS
+    critic = critic_of(seed, **options)
+
+    def call(module, lat, h, z):
+        args, kwargs = arguments(lat, h, z)
+        return module(*args, **kwargs)
+
+    call.arguments = arguments
+    return critic, build(critic), call
+
+
+def inputs(seed=0, lead=(N,)):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(*lead, H, generator=g)
+    z = torch.softmax(torch.randn(*lead, C, K, generator=g), -1)
+    latent = torch.randn(*lead, H + C * K, generator=g)
+    return latent, h, z
+
+
+def leaves(x):
+    return [t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def eager(fn):
+    torch_replay.ENABLED = False
+    try:
+        return fn()
+    finally:
+        torch_replay.ENABLED = True
+
+
+def assert_equal(got, want, exact=True):
+    got, want = leaves(got), leaves(want)
+    assert len(got) == len(want) and got
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+        if exact:
+            assert torch.equal(g, w), (g - w).abs().max()
+        else:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def run(call, module, x, times=3):
+    """The module's output on its `times`-th call (the first traces, later ones replay)."""
+    for _ in range(times - 1):
+        call(module, *x)
+    return call(module, *x)
+
+
+def differs(a, b):
+    return any(not torch.equal(g, w) for g, w in zip(leaves(a), leaves(b)))
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_forward_equals_the_eager_path_with_and_without_grad(name):
+    _, module, call = make(name)
+    x = inputs()
+    want = eager(lambda: call(module, *x))
+    assert_equal(run(call, module, x), want)
+    with torch.no_grad():
+        assert_equal(run(call, module, x), want)
+    with torch.inference_mode():
+        assert_equal(run(call, module, x), want)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+@pytest.mark.parametrize("name", VIEWS)
+def test_a_copy_is_live_and_apart_from_the_original(name, how):
+    _, module, call = make(name)
+    x = inputs()
+    before = run(call, module, x)
+    if how == "deepcopy":
+        twin = copy.deepcopy(module)
+    elif how == "pickle":
+        twin = pickle.loads(pickle.dumps(module))
+    else:
+        buffer = io.BytesIO()
+        torch.save(module, buffer)
+        buffer.seek(0)
+        twin = torch.load(buffer, weights_only=False)
+    assert type(twin) is type(module)
+    assert_equal(run(call, twin, x), before)
+    trainable = [p for p in twin.parameters() if p.requires_grad] or list(twin.parameters())
+    with torch.no_grad():  # a host's soft update or optimizer step on the copy
+        for p in trainable:
+            p.mul_(0.5).add_(0.01)
+    after = run(call, twin, x)
+    assert differs(after, before)  # the copy's outputs follow its parameters
+    assert_equal(after, eager(lambda: call(twin, *x)))
+    assert_equal(run(call, module, x), before)  # the original is untouched
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_non_contiguous_and_transposed_inputs_equal_the_eager_path(name):
+    _, module, call = make(name)
+    lat, h, z = inputs(lead=(5, 3))
+    for x in ((lat.transpose(0, 1), h.transpose(0, 1), z.transpose(0, 1)),  # time-major from batch-major
+              (lat[:, ::2], h[:, ::2], z[:, ::2])):
+        assert not x[0].is_contiguous()
+        want = eager(lambda: call(module, *x))
+        assert_equal(run(call, module, x), want)
+        assert_equal(run(call, module, [t.contiguous() for t in x]), want)  # same values, other strides
+
+
+@pytest.mark.parametrize("convert", ["double", "half", "bfloat16", "to(float64)", "type(float64)"])
+@pytest.mark.parametrize("name", STATE_VIEWS)
+def test_dtype_conversions_are_refused_before_anything_changes(name, convert):
+    critic, module, call = make(name)
+    x = inputs()
+    want = run(call, module, x)
+    fn = {"double": lambda m: m.double(), "half": lambda m: m.half(), "bfloat16": lambda m: m.bfloat16(),
+          "to(float64)": lambda m: m.to(torch.float64), "type(float64)": lambda m: m.type(torch.float64)}[convert]
+    with pytest.raises(ValueError, match="dtype: got a conversion"):
+        fn(module)
+    assert all(v.value.dtype == torch.float32 for v in critic.weights)
+    assert_equal(run(call, module, x), want)
+    for same in (lambda m: m.float(), lambda m: m.to(torch.float32), lambda m: m.to("cpu"), lambda m: m.cpu()):
+        assert same(module) is module
+        assert_equal(run(call, module, x), want)
+
+
+@pytest.mark.skipif(BACKEND != "torch" or not torch.cuda.is_available(), reason="a device move needs a GPU")
+@pytest.mark.parametrize("name", STATE_VIEWS)
+def test_device_moves_move_the_critic_and_the_replay_follows(name):
+    critic, module, call = make(name)
+    x = inputs()
+    run(call, module, x)
+    module.to("cuda")
+    assert all(v.value.device.type == "cuda" for v in (critic.fast_weights if "ema" not in name else critic.ema_weights))
+    xc = [t.cuda() for t in x]
+    assert_equal(run(call, module, xc), eager(lambda: call(module, *xc)))
+
+
+@pytest.mark.parametrize("name", STATE_VIEWS)
+def test_train_eval_and_repr(name):
+    _, module, call = make(name)
+    x = inputs()
+    want = run(call, module, x)
+    assert module.eval() is module and not module.training and not any(m.training for m in module.modules())
+    assert_equal(run(call, module, x), want)  # no dropout, no batch statistics: the modes compute alike
+    assert module.train() is module and module.training
+    text = repr(module)
+    assert type(module).__name__ in text
+
+
+@pytest.mark.parametrize("name", STATE_VIEWS)
+def test_state_dict_round_trips_strict_or_not_and_refuses_assign(name):
+    _, module, call = make(name)
+    x = inputs()
+    original = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    _, donor, _ = make(name, seed=1)
+    new = {k: v.detach().clone() for k, v in donor.state_dict().items()}
+    assert module.load_state_dict(new) is not None
+    assert_equal(run(call, module, x), eager(lambda: call(donor, *x)))
+    partial = {k: v for k, v in original.items()}
+    dropped = next(k for k in partial if "bins" not in k)
+    del partial[dropped]
+    with pytest.raises(ValueError, match="missing"):
+        module.load_state_dict(partial)  # strict: refused, nothing changed
+    assert torch.equal(module.state_dict()[dropped], new[dropped])
+    result = module.load_state_dict(partial, strict=False)
+    assert dropped in result.missing_keys
+    assert torch.equal(module.state_dict()[dropped], new[dropped])
+    with pytest.raises(ValueError, match="assign"):
+        module.load_state_dict(original, assign=True)
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_functional_call_reads_the_swapped_parameters(name):
+    _, module, call = make(name)
+    x = inputs()
+    before = run(call, module, x)
+    _, donor, _ = make(name, seed=2)
+    swapped = dict(donor.named_parameters())
+    args, kwargs = call.arguments(*x)
+    for _ in range(3):  # traced, then replayed
+        got = functional_call(module, swapped, args, kwargs)
+    assert_equal(got, eager(lambda: call(donor, *x)))
+    assert differs(got, before)
+    assert_equal(run(call, module, x), before)  # the module's own parameters again after the call
+
+
+def _doubled(module, name):
+    """`module` with `name`'s stored value doubled in place (the critic: its variable)."""
+    with torch.no_grad():
+        module.get_parameter(name).mul_(2.0)
+    return module
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_a_parametrization_is_what_the_forward_pass_reads(name):
+    _, module, call = make(name)
+    x = inputs()
+    before = run(call, module, x)
+    target = next(n for n, p in module.named_parameters() if p.dim() == 2)
+    holder_name, _, leaf = target.rpartition(".")
+    holder = module.get_submodule(holder_name) if holder_name else module
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2.0 * w
+
+    parametrize.register_parametrization(holder, leaf, Doubled())
+    got = run(call, module, x)
+    _, reference, _ = make(name)  # the same weights, that one stored doubled
+    assert_equal(got, eager(lambda: call(_doubled(reference, target), *x)))
+    assert differs(got, before)
+    parametrize.remove_parametrizations(holder, leaf, leave_parametrized=False)
+    assert_equal(run(call, module, x), before)
+
+
+@pytest.mark.parametrize("first", ["autocast", "plain"])
+@pytest.mark.parametrize("name", VIEWS)
+def test_autocast_is_part_of_what_a_replay_is_traced_for(name, first):
+    _, module, call = make(name)
+    x = inputs()
+
+    def under(autocast, fn):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return fn()
+
+    order = [True, False] if first == "autocast" else [False, True]
+    for autocast in order + order:
+        want = eager(lambda: under(autocast, lambda: call(module, *x)))
+        assert_equal(under(autocast, lambda: run(call, module, x)), want)
+
+
+@pytest.mark.parametrize("name", [n for n in VIEWS if n not in ("ema_module", "nm512 slow")])
+def test_gradients_and_double_backward_equal_the_eager_path(name):
+    _, module, call = make(name)
+    x = inputs()
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    def grads():
+        out = leaves(call(module, *x))
+        loss = sum(((t.float() * (i + 1)) ** 2).sum() for i, t in enumerate(out))
+        first = torch.autograd.grad(loss, params, create_graph=True)
+        second = torch.autograd.grad(sum((g ** 2).sum() for g in first), params)
+        return [g.detach() for g in first] + list(second)
+
+    run(call, module, x)
+    assert_equal(grads(), eager(grads))
+
+
+@pytest.mark.parametrize("name", ["fast_module", "sheeprl", "rllib"])
+def test_torch_compile_of_the_view_equals_the_eager_path(name):
+    _, module, call = make(name)
+    x = inputs()
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="aot_eager")
+    assert_equal(run(call, compiled, x, times=2), eager(lambda: call(module, *x)), exact=False)
+
+
+@pytest.mark.parametrize("host", ["views", "sheeprl", "nm512", "torchrl"])
+def test_a_wrapper_holding_both_halves_loads_all_or_nothing(host):
+    if host == "views":
+        critic = critic_of()
+        fast, slow = critic.fast_module(), critic.ema_module()
+    else:
+        module = {"sheeprl": sheeprl, "nm512": nm512, "torchrl": torchrl}[host]
+        critic = critic_of(**module.CRITIC_OPTIONS)
+        fast, slow = getattr(module, f"{host}_modules")(critic)
+    wrapper = torch.nn.ModuleDict({"critic": fast, "target": slow})
+    before = [v.numpy().copy() for v in critic.weights]
+    state = {k: v.detach().clone() + 0.5 if "bins" not in k else v.detach().clone()
+             for k, v in wrapper.state_dict().items()}
+    bad = dict(state)
+    last = [k for k in bad if k.startswith("target.") and "bins" not in k][-1]
+    bad[last] = bad[last].clone()
+    bad[last].view(-1)[0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        wrapper.load_state_dict(bad)
+    for var, old in zip(critic.weights, before):
+        np.testing.assert_array_equal(var.numpy(), old)  # neither half written
+    wrapper.load_state_dict(state)
+    assert all(not np.array_equal(var.numpy(), old) for var, old in zip(critic.weights, before))
+
+
+def test_copies_of_both_views_share_one_copied_critic():
+    critic = critic_of()
+    fast, slow = sheeprl.sheeprl_modules(critic_of(**sheeprl.CRITIC_OPTIONS))
+    pair = copy.deepcopy(torch.nn.ModuleDict({"critic": fast, "target": slow}))
+    assert pair["critic"].critic is pair["target"].critic is not fast.critic
+    pair["critic"].critic.update_ema(decay=0.0)  # the copied critic's EMA copy becomes its fast weights
+    lat = inputs()[0]
+    assert_equal(pair["target"](lat), pair["critic"](lat))
+    assert critic.built
