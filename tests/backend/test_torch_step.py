@@ -111,3 +111,30 @@ def test_the_state_must_start_with_the_trainable_variables():
         torch_step.WholeStep(dataclasses.replace(program, state=[steps, w]), "aten")
     with pytest.raises(ValueError, match="compiler: got 'xla'"):
         torch_step.WholeStep(program, "xla")
+
+
+def test_a_non_contiguous_batch_takes_the_graph_of_its_values():
+    program, w, _ = regression()
+    step = torch_step.WholeStep(program, "aten")
+    x = torch.linspace(-1, 1, 15).reshape(5, 3)
+    y = torch.linspace(0, 1, 10).reshape(5, 2)
+    step(x, y)  # compiled for contiguous inputs
+    x_t = x.t().contiguous().t()  # the same values, column-major
+    assert not x_t.is_contiguous()
+    eager_w = w.value.detach().clone()
+    eager_w -= 0.1 * torch.autograd.functional.jacobian(
+        lambda v: ((x @ v - y) ** 2).mean(), eager_w)
+    step(x_t, y)
+    torch.testing.assert_close(w.value.detach(), eager_w, rtol=1e-6, atol=1e-7)
+    assert step.compilations == 1  # copied contiguous: the same graph
+
+
+def test_autocast_selects_its_own_compiled_graph():
+    program, _, _ = regression()
+    step = torch_step.WholeStep(program, "aten")
+    x, y = torch.ones(4, 3), torch.zeros(4, 2)
+    step(x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        step(x, y)
+    step(x, y)
+    assert step.compilations == 2
