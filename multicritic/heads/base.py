@@ -22,7 +22,9 @@ class ValueHead(keras.layers.Layer):
     regulariser. Its output `Dense` (named `reward_buckets`, the reference's
     layout) starts at zero: a new distributional head predicts a uniform
     distribution, a new regression head 0. A head computes in float32 unless
-    given another dtype (the precision contract under mixed policies).
+    given another dtype, and returns float32 outputs under every policy,
+    mixed ones included (the precision contract: the same on every backend,
+    symbolic calls included).
 
     A new head is a subclass in its own module, registered in
     `multicritic.heads.HEADS`: it sets `output_units` and overrides `decode`
@@ -120,6 +122,10 @@ class ValueHead(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         lead = tuple(input_shape)[:-1]
         return lead, lead + (self.output_units(self.num_buckets),)
+
+    def compute_output_spec(self, inputs):
+        # The outputs are float32 under every policy (the precision contract), symbolically as eagerly.
+        return tuple(keras.KerasTensor(shape, dtype="float32") for shape in self.compute_output_shape(inputs.shape))
 
     def get_config(self):
         config = super().get_config()

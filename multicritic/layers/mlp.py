@@ -125,8 +125,9 @@ class MLP(keras.layers.Layer):
     its own rows of the kernel and the concatenation is never made (on
     PyTorch and JAX, where that is the faster; TensorFlow concatenates); an
     ensemble concatenates them for one GEMM against all members' first
-    kernels. With members the input must be `[B, in]` (rank 2: Keras's
-    EinsumDense quantization needs explicit equations).
+    kernels. With members, leading dims `[..., in]` are flattened to `[N, in]`
+    for the stacked kernels (Keras's EinsumDense quantization needs explicit
+    rank-2 equations) and restored behind the member axis.
 
     Args:
         model_size: a DreamerV3 model size (see `get_model_dims`) giving the
@@ -148,12 +149,12 @@ class MLP(keras.layers.Layer):
         **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: float tensor `[..., input_dim]` (`[B, input_dim]` with
-            members; shared by all of them), or a list of tensors whose
-            concatenation along the last axis is that.
+        inputs: float tensor `[..., input_dim]` (with members, shared by all
+            of them), or a list of tensors whose concatenation along the last
+            axis is that.
 
     Returns:
-        `[..., dense_hidden_units]` (member-major `[K, B,
+        `[..., dense_hidden_units]` (member-major `[K, ...,
         dense_hidden_units]` with members), or the output layer's width with
         one.
 
@@ -246,6 +247,8 @@ class MLP(keras.layers.Layer):
 
     def build(self, input_shape):
         shape = tuple(input_shape)
+        if self.members is not None and len(shape) > 2:  # leading dims are flattened for the members' GEMMs
+            shape = (None, shape[-1])
         for dense, norm in zip(self.dense_layers, self.layer_normalizations):
             dense.build(shape)
             shape = dense.compute_output_shape(shape)
@@ -265,6 +268,12 @@ class MLP(keras.layers.Layer):
 
     def call(self, inputs):
         parts = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        if self.members is not None and len(parts[0].shape) > 2:
+            # Members take `[N, in]` (their stacked kernels' equations are rank 2): leading dims flattened, then
+            # restored behind the member axis.
+            lead = ops.shape(parts[0])[:-1]
+            flat = self.call([ops.reshape(p, (-1, p.shape[-1])) for p in parts])
+            return ops.reshape(flat, (self.members,) + tuple(lead) + (flat.shape[-1],))
         # A runtime that checks each call's row statistics instead may trace without the guards.
         clips = self.clips_inputs
         unguarded = not clips and guard_scope.left_out() is not None
