@@ -27,6 +27,16 @@ itself (SIGKILL, no clean-up) before step K of that critic (default: the
 first), unless that critic resumed from a checkpoint: a host lost mid-run, to
 see how the other hosts and the launchers react (a restarted run resumes, so
 it is not killed again).
+
+Preemption: a host that receives SIGTERM (a scheduler's notice) does not
+die; every host learns it at the same step (`hosts.preempted`, a few bytes
+exchanged per step), writes a checkpoint of that step and exits with 0, and
+a restart resumes from it. `--preempt-host I --preempt-at-step K` makes host
+I send itself SIGTERM before step K, to see it. At start the chief removes
+what killed writes left (temporary files; never a partial checkpoint), every
+host must find the same checkpoints (else a `ValueError` on every host naming
+what each found), and a damaged newest checkpoint is passed over, with a
+warning, for the newest intact one.
 """
 
 from __future__ import annotations
@@ -78,6 +88,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--kill-host", type=int, help="this host kills itself (SIGKILL) ...")
     p.add_argument("--kill-at-step", type=int, help="... before this step ...")
     p.add_argument("--kill-critic", help="... of this critic (default: the first), unless it resumed")
+    p.add_argument("--preempt-host", type=int, help="this host sends itself SIGTERM (a scheduler's preemption) ...")
+    p.add_argument("--preempt-at-step", type=int, help="... before this step of the first critic")
     return p
 
 
@@ -143,14 +155,24 @@ class FileCheckpoints:
         if folder:
             os.makedirs(folder, exist_ok=True)
 
+    def candidates(self):
+        """`[(path, step)]` of the checkpoints found, newest first."""
+        if not self.folder:
+            return []
+        found = sorted(glob.glob(os.path.join(self.folder, "step-*.npz")), reverse=True)
+        return [(path, int(re.search(r"step-(\d+)\.npz$", path).group(1))) for path in found]
+
     def latest(self):
         """`(path, step)` of the newest checkpoint, or None."""
-        if not self.folder:
-            return None
-        found = sorted(glob.glob(os.path.join(self.folder, "step-*.npz")))
-        if not found:
-            return None
-        return found[-1], int(re.search(r"step-(\d+)\.npz$", found[-1]).group(1))
+        found = self.candidates()
+        return found[0] if found else None
+
+    def clean(self, log):
+        """Removes what killed writes left behind (`multicritic.integrity` writes a temporary file, then renames
+        it: a write killed before the rename leaves the temporary file, never a partial checkpoint)."""
+        for path in glob.glob(os.path.join(self.folder or "", ".multicritic-*")):
+            os.remove(path)
+            log(f"removed {path}, left by a write that was killed")
 
     def save(self, trainer, step: int, metrics) -> None:
         if self.folder:
@@ -183,10 +205,44 @@ def train(args, checkpoints=None, log=print, extra=None, scope=contextlib.nullco
             (TensorFlow: the strategy's scope; the steps run outside it).
     """
     names = kinds(args)
+    from multicritic.training import hosts
+
+    hosts.watch_preemption()  # a scheduler's SIGTERM: every host checkpoints at one step and exits cleanly
     for kind in names:
         folder = os.path.join(args.checkpoint_dir, kind) if args.checkpoint_dir else None
         store = checkpoints(kind) if checkpoints else FileCheckpoints(folder)
-        train_one(args, kind, store, log, extra, scope, may_kill=kind == (args.kill_critic or names[0]))
+        if train_one(args, kind, store, log, extra, scope, may_kill=kind == (args.kill_critic or names[0])) is False:
+            return
+
+
+def resume(trainer, checkpoints, variables, log) -> int:
+    """The step to start from: 0, or that of the newest intact checkpoint, restored. Every host must find the
+    same checkpoints (a `ValueError` on every host naming what each found, before anything is restored). A
+    damaged newest checkpoint is passed over for the one before it, with a warning: the state it holds is a
+    state the run went through, and the run is deterministic from it (stopping would wait for a person to
+    delete the file)."""
+    from multicritic.training import hosts
+
+    found = checkpoints.candidates() if hasattr(checkpoints, "candidates") else [c for c in [checkpoints.latest()]
+                                                                                  if c is not None]
+    hosts.same("resume step", [step for _, step in found],
+               "the same checkpoints on every host: a shared folder, or a copy of it that has fully arrived",
+               variables)
+    for path, step in found:
+        try:
+            info = trainer.restore(path)
+        except hosts.DifferentCheckpoints:
+            raise  # intact files that differ between hosts: a setup to fix, not damage to pass over
+        except (ValueError, OSError) as err:  # raised on every host alike (`restore` compares them first)
+            log(f"WARNING: skipping checkpoint {path}: {err}")
+            continue
+        log(f"restored step {step} from {path} (saved on {info['saved_on_hosts']} host(s), "
+            f"restored on {info['hosts']}) at time {time.time():.3f}")
+        return step
+    if found:
+        raise ValueError(f"checkpoint-dir: got {len(found)} checkpoint(s), none intact; expected at least one "
+                         "that restores (or none, to start from scratch).")
+    return 0
 
 
 def train_one(args, kind, checkpoints, log, extra, scope, may_kill):
@@ -197,17 +253,23 @@ def train_one(args, kind, checkpoints, log, extra, scope, may_kill):
 
     with scope():
         critic, trainer = build(args, kind)
-    index, count = hosts.topology(trainer.state_variables)
+    variables = trainer.state_variables
+    index, count = hosts.topology(variables)
     tag = f"[host {index}/{count}] {kind}:"
-    start = 0
-    latest = checkpoints.latest()
-    if latest is not None:
-        path, start = latest
-        info = trainer.restore(path)
-        log(f"{tag} restored step {start} from {path} (saved on {info['saved_on_hosts']} host(s), "
-            f"restored on {info['hosts']}) at time {time.time():.3f}")
+    if index == 0 and hasattr(checkpoints, "clean"):
+        checkpoints.clean(lambda line: log(f"{tag} {line}"))
+    start = resume(trainer, checkpoints, variables, lambda line: log(f"{tag} {line}"))
     metrics, times = {}, []
     for step in range(start, args.steps):
+        if may_kill and step == args.preempt_at_step and index == args.preempt_host:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if hosts.preempted(variables):  # every host stops here at the same step, with a checkpoint of it
+            if step > start and step % args.checkpoint_every:  # (else just written)
+                checkpoints.save(trainer, step, metrics[step - 1])
+            log(f"{tag} preempted ({hosts.preemption_signal() or 'another host'}) before step {step}: "
+                f"checkpoint of step {step} written, exiting at time {time.time():.3f}")
+            sys.stdout.flush()
+            return False
         if may_kill and start == 0 and step == args.kill_at_step and index == args.kill_host:
             log(f"{tag} killing itself before step {step} at time {time.time():.3f} (--kill-host, --kill-at-step)")
             sys.stdout.flush()

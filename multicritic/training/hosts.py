@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
+import threading
 import warnings
 from typing import Dict, List, Mapping, Sequence, Tuple
 
@@ -37,6 +39,10 @@ import numpy as np
 
 from multicritic import backend
 from multicritic.training import checkpoint
+
+class DifferentCheckpoints(ValueError):
+    """The hosts read intact checkpoints that differ (`restore`): no older checkpoint makes them agree."""
+
 
 # Bytes each host contributes to one exchange (JSON, zero-padded): digests and a truncated error message fit.
 EXCHANGE_BYTES = 1024
@@ -111,6 +117,96 @@ def agree(what: str, value, variables: Sequence = ()) -> None:
                     "expected the same on every host (build the same critic and trainer, with the same seed, "
                     "on every host)."
                 )
+
+
+def same(what: str, value, expected: str, variables: Sequence = ()) -> None:
+    """Raises a `ValueError` on every host, naming each host's value, unless every host passed an equal `value`.
+
+    For small values worth quoting (a batch shape, a resume step): unlike `agree`, the values themselves travel
+    (at most `EXCHANGE_BYTES` of JSON from each host). A collective, as `agree`.
+
+    Args:
+        what: the argument or quantity compared, for the error message.
+        value: this host's value (JSON-serialisable).
+        expected: what the hosts should have done, for the error message.
+        variables: as `topology`.
+    """
+    if topology(variables)[1] == 1:
+        return
+    everyone = gather(value, variables)
+    if any(json.dumps(v, sort_keys=True) != json.dumps(everyone[0], sort_keys=True) for v in everyone):
+        got = ", ".join(f"{json.dumps(v)} on host {host}" for host, v in enumerate(everyone))
+        raise ValueError(f"{what}: got {got}; expected the same on every host ({expected}).")
+
+
+def agree_requested(critic, optimizer, options: Mapping[str, object]) -> None:
+    """Before a trainer builds anything: every host asked for the same critic, options and optimizer, on the
+    same backend (`CriticTrainer`'s first check; the second, `fingerprint`, compares what was built).
+
+    Made before the default optimizer exists: an engine that initialises a new variable from the chief
+    (TensorFlow's mirrored variables) would otherwise replace one host's learning rate by the chief's, and one
+    that checks replicated values (JAX) fail with its own error.
+    """
+    if topology(critic.weights)[1] == 1:
+        return
+    config = {k: v for k, v in critic.get_config().items() if k not in checkpoint.IGNORED_CRITIC_KEYS}
+    given = None if optimizer is None else _without_names(keras.optimizers.serialize(optimizer))
+    options = dict(options)
+    requested = {"default Adam": {k: options.pop(k) for k in ("learning_rate", "epsilon")} if given is None else None,
+                 "given": given}
+    agree("CriticTrainer", {"backend": keras.backend.backend(), "critic config": config, "trainer options": options,
+                            "optimizer": requested}, critic.weights)
+
+
+def agree_batch(kind: str, shapes: Mapping[str, Sequence[int]], batch_axis: int, variables: Sequence = ()) -> None:
+    """Every host passes a step batch of the same shapes (so the global batch splits evenly: the engines average
+    the hosts' gradients with equal weights), else a `ValueError` on every host naming the shapes and the
+    global batch. A collective: `CriticTrainer` makes it before a step kind's first step, and again where this
+    host's shapes change."""
+    index, count = topology(variables)
+    if count == 1:
+        return
+    mine = {name: [int(d) for d in shape] for name, shape in shapes.items()}
+    everyone = gather(mine, variables)
+    if all(theirs == everyone[0] for theirs in everyone):
+        return
+    first = next(iter(mine))
+    sizes = [theirs[first][batch_axis] if len(theirs[first]) > batch_axis else None for theirs in everyone]
+    per_host = ", ".join(f"{theirs[first]} on host {host}" for host, theirs in enumerate(everyone))
+    raise ValueError(
+        f"{first}: got per-host batch shapes {per_host} for a {kind} step (a global batch of "
+        f"{sum(s or 0 for s in sizes)} along axis {batch_axis}), expected the same shape on every host (a global "
+        "batch that splits evenly: the engines weigh each host's mean equally); nothing was trained.")
+
+
+_PREEMPTION = {"requested": False, "signal": None}
+
+
+def watch_preemption(signals=(signal.SIGTERM,)) -> None:
+    """Records a preemption request (a scheduler's SIGTERM) instead of dying: `preempted` then tells every
+    host, so that they checkpoint at one step and exit cleanly. Call it on every host after the engine started
+    (its own handler, e.g. JAX's or TensorFlow's coordination service's, is replaced); outside the main thread
+    it does nothing (Python delivers signals to the main thread only)."""
+    def handler(signum, frame):
+        _PREEMPTION.update(requested=True, signal=signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # Python takes signals in the main thread only (Ray Train's workers: Ray handles preemption)
+    for sig in signals:
+        signal.signal(sig, handler)
+
+
+def preemption_signal():
+    """The name of the preemption signal this host received (`"SIGTERM"`), or None."""
+    return _PREEMPTION["signal"]
+
+
+def preempted(variables: Sequence = ()) -> bool:
+    """Whether any host has received a preemption signal since `watch_preemption`: True on every host at the
+    same call, so that every host stops at the same step. A collective (a few bytes per host): call it on every
+    host at the same point of each step."""
+    flags = gather(_PREEMPTION["requested"], variables)
+    return any(flags)
 
 
 def _without_names(config):
@@ -208,7 +304,7 @@ def restore(trainer, path) -> Dict[str, object]:
             raise ValueError(f"path: host {host} cannot restore {path!r} ({theirs['error']}); no host restored it.")
     for host, theirs in enumerate(statuses):
         if theirs["sha256"] != statuses[0]["sha256"]:
-            raise ValueError(
+            raise DifferentCheckpoints(
                 f"path: got another checkpoint on host {host} (sha256 {theirs['sha256'][:16]}) than on host 0 "
                 f"(sha256 {statuses[0]['sha256'][:16]}), expected the same file on every host; no host restored it."
             )

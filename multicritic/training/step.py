@@ -143,6 +143,12 @@ class CriticStep(FixedOptions):
                            ("ema_update_first", ema_update_first)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name}: got {flag!r}, expected True or False.")
+        hosts.agree_requested(critic, optimizer, dict(
+            gamma=gamma, lambda_=lambda_, grad_clip=grad_clip, ema_update_period=ema_update_period,
+            ema_update_first=bool(ema_update_first), ema_regularizer_weight=ema_regularizer_weight,
+            ema_regularizer=ema_regularizer, ema_targets=bool(ema_targets), seed=seed, learning_rate=learning_rate,
+            epsilon=epsilon, jit_compile=jit_compile, value_loss_weight=value_loss_weight,
+            replay_loss_weight=replay_loss_weight, replay_discount=replay_discount))
         self.critic = critic
         if optimizer is None:
             optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
@@ -188,7 +194,8 @@ class CriticStep(FixedOptions):
         self._backend = backend.current()
         # On several hosts, every host must build this same trainer: checked before the first collective
         # (PyTorch: DDP's weight broadcast, next).
-        if hosts.topology(self.state_variables)[1] > 1:
+        self.host_count = hosts.topology(self.state_variables)[1]
+        if self.host_count > 1:
             hosts.agree("CriticTrainer", hosts.fingerprint(self), self.state_variables)
         # The critic's forward pass; a backend may route it through its
         # data-parallel engine (PyTorch DDP).

@@ -165,6 +165,7 @@ class CriticTrainer(CriticStep):
             replay_discount=replay_discount,
         )
         self._compiled: Dict[str, Callable] = {}
+        self._agreed_batches: Dict[str, dict] = {}  # per step kind, the batch shapes every host last agreed on
         # One step at a time: a second thread gets a clear error, not a
         # half-updated state (or, on JAX, donated buffers).
         self._lock = threading.Lock()
@@ -285,6 +286,11 @@ class CriticTrainer(CriticStep):
                         "starting at replay step t of sequence b)."
                     )
                 batch = batch + replay_batch
+            if self.host_count > 1:
+                shapes = {name: tuple(x.shape) for name, x in zip((*named, *(replay or ())), batch)}
+                if self._agreed_batches.get(kind) != shapes:
+                    hosts.agree_batch(kind, shapes, batch_axis, self.state_variables)
+                    self._agreed_batches[kind] = shapes
             if fn is None:
                 fn = self._compiled[kind] = backend.current().make_train_function(self.program(loss_fn), batch_axis)
             return fn(*batch)

@@ -52,6 +52,29 @@ def run(rank, world, port, out_dir):
     case("agree", lambda: hosts.agree("config", {"size": "nano" if rank == 0 else "mini"}) or True)
 
     same = trainer()
+    # The per-host batch: another horizon on host 1, then a global batch of 15 split 8 / 7. Refused by both
+    # before the step's first collective; then the same shapes train.
+    rng = np.random.default_rng(rank)
+
+    def dream(length, rows):
+        c = same.critic
+        return (rng.normal(size=(length, rows, c.gru_units)).astype("float32"),
+                rng.random((length, rows, c.num_z_categoricals, c.num_z_classes)).astype("float32"),
+                rng.normal(size=(length, rows)).astype("float32"), np.ones((length, rows), "float32"))
+
+    case("horizon", lambda: bool(same.train_on_dream(*dream(6 if rank else 7, 8))))
+    case("uneven", lambda: bool(same.train_on_dream(*dream(7, 7 if rank else 8))))
+    seen["steps before"] = int(np.asarray(keras.ops.convert_to_numpy(same.steps.value)))
+    case("even", lambda: bool(same.train_on_dream(*dream(7, 8))))
+    case("resume", lambda: hosts.same("resume step", [] if rank else [8, 4], "the same checkpoints") or True)
+    # A preemption signal on host 1 alone: every host learns it at the same call.
+    import signal
+
+    hosts.watch_preemption()
+    seen["preempted before"] = hosts.preempted()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    seen["preempted after"] = hosts.preempted()
     # One writer: host 1's path is in a folder that does not exist; only host 0's is written.
     ours = os.path.join(out_dir, "ckpt.npz")
     case("save", lambda: same.save(ours if rank == 0 else os.path.join(out_dir, "missing", "x.npz")))

@@ -166,3 +166,53 @@ def check_different_checkpoints_are_refused(runs):
     refused = launch.lines(r"ValueError: path: got another checkpoint on host 1 .* no host restored it")
     assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
     assert not launch.lines(r"ensemble: (trained steps|restored step)")
+
+
+@pytest.fixture(scope="module")
+def guards(engine, runs, tmp_path_factory):
+    """Three more launches: another learning rate on host 1; host 1 preempted (SIGTERM) before step 3; one
+    host resuming from a folder whose newest checkpoint is damaged and which holds a killed write's leftover."""
+    base = tmp_path_factory.mktemp(f"{engine}-guards")
+    launches = {"rate": hosts(engine, "--critic", "single", *RUN,
+                              launcher_args=["--host-args", "1", "--learning-rate 1e-4"])}
+    pre = str(base / "pre")
+    launches["preempt"] = retried(lambda: hosts(engine, "--critic", "single,ensemble", "--steps", "8",
+                                                "--checkpoint-every", "100", "--batch", "16", "--horizon", "6",
+                                                "--checkpoint-dir", pre, "--preempt-host", "1",
+                                                "--preempt-at-step", "3"), [pre])
+    damaged = base / "damaged"
+    copy_checkpoint(os.path.join(runs["folders"]["two"], "ckpt"), "single", 2, str(damaged))
+    copy_checkpoint(os.path.join(runs["folders"]["two"], "ckpt"), "single", 4, str(damaged))
+    newest = damaged / "single" / "step-000004.npz"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    (damaged / "single" / ".multicritic-killed.npz").write_bytes(b"half a write")
+    launches["damaged"] = one_host(engine, "--critic", "single", *RUN, "--checkpoint-dir", str(damaged))
+    return {"folders": {"pre": pre, "damaged": str(damaged)}, **launches}
+
+
+def test_a_host_asking_for_another_learning_rate_is_refused_by_every_host(guards):
+    launch = guards["rate"]
+    refused = launch.lines(r"ValueError: CriticTrainer: got another optimizer on host 1")
+    assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
+    assert not launch.lines(r"trained steps")
+
+
+def test_a_preempted_host_makes_every_host_checkpoint_one_step_and_exit_cleanly(guards):
+    launch = guards["preempt"]
+    assert launch.code == 0 and all(code == 0 for code, _ in launch.exits.values()), launch.report()
+    assert launch.lines(r"^\[host 1\].*single: preempted \(SIGTERM\) before step 3"), launch.report()
+    assert launch.lines(r"^\[host 0\].*single: preempted \(another host\) before step 3"), launch.report()
+    assert sorted(os.listdir(os.path.join(guards["folders"]["pre"], "single"))) == ["step-000003.npz"]
+    assert not launch.lines(r"trained steps|ensemble")  # stopped: the next critic is not started
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_and_leftovers_removed(guards):
+    launch = guards["damaged"]
+    assert launch.code == 0, launch.report()
+    assert launch.lines(r"single: removed .*\.multicritic-killed\.npz, left by a write that was killed")
+    assert launch.lines(r"single: WARNING: skipping checkpoint .*step-000004\.npz")
+    assert launch.lines(r"single: restored step 2 from .*step-000002\.npz")
+    folder = os.path.join(guards["folders"]["damaged"], "single")
+    assert not [n for n in os.listdir(folder) if n.startswith(".multicritic-")]

@@ -63,4 +63,29 @@ def test_different_checkpoints_are_restored_nowhere(seen):
 def test_the_same_checkpoint_restores_everywhere(seen):
     _, hosts = seen
     for host in hosts:
-        assert host["same"] == {"ok": {"step": 0, "saved_on_hosts": 2, "hosts": 2}}
+        assert host["same"] == {"ok": {"step": 1, "saved_on_hosts": 2, "hosts": 2}}  # one even step trained
+
+
+def test_another_batch_shape_or_an_uneven_split_is_refused_before_any_step(seen):
+    _, hosts = seen
+    for host in hosts:
+        assert host["horizon"]["error"].startswith("h: got per-host batch shapes [6, 8, 64] on host 0, "
+                                                   "[7, 8, 64] on host 1"[:26]), host["horizon"]
+        assert "expected the same shape on every host" in host["horizon"]["error"]
+        assert host["uneven"]["error"].startswith("h: got per-host batch shapes [7, 8, "), host["uneven"]
+        assert "a global batch of 15 along axis 1" in host["uneven"]["error"]
+        assert host["steps before"] == 0  # nothing trained
+        assert host["even"] == {"ok": True}
+
+
+def test_another_resume_step_is_refused_with_each_hosts_value(seen):
+    _, hosts = seen
+    for host in hosts:
+        assert host["resume"]["error"] == ("resume step: got [8, 4] on host 0, [] on host 1; expected the same on "
+                                           "every host (the same checkpoints).")
+
+
+def test_a_preemption_signal_on_one_host_reaches_every_host_at_the_same_call(seen):
+    _, hosts = seen
+    for host in hosts:
+        assert host["preempted before"] is False and host["preempted after"] is True
