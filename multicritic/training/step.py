@@ -143,20 +143,7 @@ class CriticStep(FixedOptions):
                            ("ema_update_first", ema_update_first)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name}: got {flag!r}, expected True or False.")
-        hosts.agree_requested(critic, optimizer, dict(
-            gamma=gamma, lambda_=lambda_, grad_clip=grad_clip, ema_update_period=ema_update_period,
-            ema_update_first=bool(ema_update_first), ema_regularizer_weight=ema_regularizer_weight,
-            ema_regularizer=ema_regularizer, ema_targets=bool(ema_targets), seed=seed, learning_rate=learning_rate,
-            epsilon=epsilon, jit_compile=jit_compile, value_loss_weight=value_loss_weight,
-            replay_loss_weight=replay_loss_weight, replay_discount=replay_discount))
         self.critic = critic
-        if optimizer is None:
-            optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
-        if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(
-            optimizer, keras.optimizers.LossScaleOptimizer
-        ):
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        self.optimizer = optimizer
         self.gamma = float(gamma)
         self.lambda_ = float(lambda_)
         self.grad_clip = None if grad_clip is None else float(grad_clip)
@@ -171,6 +158,15 @@ class CriticStep(FixedOptions):
         self.seed = seed
         self.jit_compile = jit_compile if isinstance(jit_compile, str) else bool(jit_compile)
         self.check_finite = bool(check_finite)
+        # Before the optimizer exists (an engine may initialise its variables from the chief's).
+        hosts.agree_requested(critic, optimizer, dict(self.options(), learning_rate=learning_rate, epsilon=epsilon))
+        if optimizer is None:
+            optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
+        if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(
+            optimizer, keras.optimizers.LossScaleOptimizer
+        ):
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        self.optimizer = optimizer
         self.optimizer.build(critic.trainable_variables)
         if step_counter is not None and not any(step_counter is v for v in self.optimizer.variables):
             raise ValueError(

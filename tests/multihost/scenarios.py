@@ -163,18 +163,20 @@ def check_different_checkpoints_are_refused(runs):
     # hosts, before any step (and its collectives) ran.
     assert len(launch.lines(r"(single|multi): trained steps 2\.\.3")) == 4, launch.report()
     assert launch.code != 0 and all(code != 0 for code, _ in launch.exits.values()), launch.exits
-    refused = launch.lines(r"ValueError: path: got another checkpoint on host 1 .* no host restored it")
+    refused = launch.lines(r"(ValueError|DifferentCheckpoints): path: got another checkpoint on host 1 .* "
+                           r"no host restored it")
     assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
     assert not launch.lines(r"ensemble: (trained steps|restored step)")
 
 
 @pytest.fixture(scope="module")
 def guards(engine, runs, tmp_path_factory):
-    """Three more launches: another learning rate on host 1; host 1 preempted (SIGTERM) before step 3; one
+    """Four more launches: another learning rate on host 1; a global batch of 15 over 2 hosts; host 1 preempted (SIGTERM) before step 3; one
     host resuming from a folder whose newest checkpoint is damaged and which holds a killed write's leftover."""
     base = tmp_path_factory.mktemp(f"{engine}-guards")
     launches = {"rate": hosts(engine, "--critic", "single", *RUN,
-                              launcher_args=["--host-args", "1", "--learning-rate 1e-4"])}
+                              launcher_args=["--host-args", "1", "--learning-rate 1e-4"]),
+                "uneven": hosts(engine, "--critic", "single", *RUN, "--batch", "15")}
     pre = str(base / "pre")
     launches["preempt"] = retried(lambda: hosts(engine, "--critic", "single,ensemble", "--steps", "8",
                                                 "--checkpoint-every", "100", "--batch", "16", "--horizon", "6",
@@ -216,3 +218,11 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_leftovers_removed(guards
     assert launch.lines(r"single: restored step 2 from .*step-000002\.npz")
     folder = os.path.join(guards["folders"]["damaged"], "single")
     assert not [n for n in os.listdir(folder) if n.startswith(".multicritic-")]
+
+
+def test_a_global_batch_that_splits_unevenly_is_refused_by_every_host(guards):
+    launch = guards["uneven"]
+    refused = launch.lines(r"ValueError: h: got per-host batch shapes \[7, 8, \d+\] on host 0, \[7, 7, \d+\] on host 1 "
+                           r"for a dream step \(a global batch of 15 along axis 1\)")
+    assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
+    assert not launch.lines(r"trained steps")
