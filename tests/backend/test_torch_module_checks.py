@@ -156,8 +156,9 @@ def test_non_contiguous_and_transposed_inputs_equal_the_eager_path(name):
               (lat[:, ::2], h[:, ::2], z[:, ::2])):
         assert not x[0].is_contiguous()
         want = eager(lambda: call(module, *x))
+        # The same shapes traced contiguous first: a graph of views must not take the strided inputs.
+        assert_equal(run(call, module, [t.contiguous() for t in x]), want)
         assert_equal(run(call, module, x), want)
-        assert_equal(run(call, module, [t.contiguous() for t in x]), want)  # same values, other strides
 
 
 @pytest.mark.parametrize("convert", ["double", "half", "bfloat16", "to(float64)", "type(float64)"])
