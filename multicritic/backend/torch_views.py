@@ -78,7 +78,11 @@ def _critic_slots(critic):
     slots, stored = [], []
     for var in critic.weights:
         stored.append(var._value)  # the tensor Keras stores (`value` may be a scope's or an autocast copy)
-        prefix, _, leaf = names[id(stored[-1])].rpartition(".")
+        name = names.get(id(stored[-1]))
+        if name is None:  # a variable Keras does not list as a parameter (LoRA's frozen kernel): none swapped
+            slots = stored = None
+            break
+        prefix, _, leaf = name.rpartition(".")
         slots.append((critic.get_submodule(prefix) if prefix else critic, leaf))
     critic.__dict__["_torch_slots"] = (signature, (slots, stored))
     return slots, stored
@@ -89,9 +93,12 @@ def swapped_values(critic):
     `critic.weights`): None in the usual case; the parameters as read through the module where
     `torch.func.functional_call` swapped one or a parametrization computes one (as a `torch.nn.Linear` reads
     its weight)."""
-    if in_stateless_scope():  # a caller's scope (a view's call, a traced step) says what the variables hold
+    if in_stateless_scope() or torch.compiler.is_dynamo_compiling():
+        # A caller's scope (a view's call, a traced step) says what the variables hold; dynamo runs the ops.
         return None
     slots, stored = _critic_slots(critic)
+    if slots is None:
+        return None
     read = []
     for holder, leaf in slots:
         param = holder._parameters.get(leaf)
