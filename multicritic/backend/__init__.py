@@ -19,6 +19,7 @@ import abc
 import contextlib
 import dataclasses
 import importlib
+import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import keras
@@ -50,6 +51,12 @@ Metrics = Dict[str, Any]
 # ways round differently; a switch timed by the clock would move with the machine's load). Short runs (tests,
 # scripts) never switch; docs/performance.md gives the break-even.
 AUTO_COMPILE_AFTER_STEPS = 1000
+
+# The one switch for debugging (`MULTICRITIC_EAGER=1` in the environment, or this set to True): PyTorch's forward
+# passes run the Keras ops instead of replaying a traced graph, and its train steps stay eager whatever
+# `jit_compile` says, so no traced or compiled path runs. (JAX's steps are jitted by Keras's design: use
+# `jax.disable_jit()` there; TensorFlow: `jit_compile=False` and `tf.config.run_functions_eagerly(True)`.)
+EAGER = os.environ.get("MULTICRITIC_EAGER", "") not in ("", "0")
 
 
 @dataclasses.dataclass(frozen=True)

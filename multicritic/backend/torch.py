@@ -122,7 +122,7 @@ class TrainFunction:
 
     def _want_compiled(self):
         mode = self.program.jit_compile
-        if self.distributed or mode is False:
+        if self.distributed or mode is False or backend_contract.EAGER:
             return False
         if mode == "auto" and self.program.loss_scaled:
             return False  # Keras's loss-scale optimizer branches on the host: its update cannot be one graph

@@ -39,9 +39,11 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from multicritic import backend as backend_contract
 from multicritic.backend import guard_scope, torch_step
 
-# Off: every call runs the Keras ops (for debugging, or to compare against).
+# Off: every call runs the Keras ops (to compare against; `multicritic.backend.EAGER` turns off the compiled
+# steps too).
 ENABLED = True
 # Distinct input signatures traced per critic; past this many, a new signature runs eagerly (a host whose
 # shapes never repeat would otherwise trace at every call).
@@ -127,7 +129,7 @@ def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: 
             devices and strides in the signature (the caller knows them
             unchanged), or None: read from the values.
     """
-    if not ENABLED or not replayable(inputs):
+    if not ENABLED or backend_contract.EAGER or not replayable(inputs):
         return _eager(variables, fn, inputs, values)
     cache = _CACHES.get(id(owner))
     if cache is None:

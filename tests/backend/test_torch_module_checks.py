@@ -344,3 +344,20 @@ def test_copies_of_both_views_share_one_copied_critic():
     lat = inputs()[0]
     assert_equal(pair["target"](lat), pair["critic"](lat))
     assert critic.built
+
+
+def test_the_one_debug_switch_turns_replays_and_compiled_steps_off(monkeypatch):
+    from multicritic import CriticTrainer, backend
+
+    monkeypatch.setattr(backend, "EAGER", True)
+    critic, module, call = make("fast_module")
+    x = inputs()
+    assert_equal(run(call, module, x), eager(lambda: call(module, *x)))
+    assert not torch_replay.graphs(critic)  # nothing traced
+    trainer = CriticTrainer(critic, jit_compile=True)
+    rng = np.random.default_rng(0)
+    trainer.train_on_dream(rng.normal(size=(3, 2, H)).astype("float32"),
+                           rng.random((3, 2, C, K)).astype("float32"), np.ones((3, 2), "float32"),
+                           np.ones((3, 2), "float32"))
+    (step,) = trainer._compiled.values()
+    assert step.compiled is None and step.eager_steps == 1

@@ -171,8 +171,9 @@ def check_different_checkpoints_are_refused(runs):
 
 @pytest.fixture(scope="module")
 def guards(engine, runs, tmp_path_factory):
-    """Four more launches: another learning rate on host 1; a global batch of 15 over 2 hosts; host 1 preempted (SIGTERM) before step 3; one
-    host resuming from a folder whose newest checkpoint is damaged and which holds a killed write's leftover."""
+    """Five more launches: another learning rate on host 1; a global batch of 15 over 2 hosts; host 1 preempted (SIGTERM) before step 3; one
+    host resuming from a folder whose newest checkpoint is damaged and which holds a killed write's leftover; two
+    hosts that find different checkpoints."""
     base = tmp_path_factory.mktemp(f"{engine}-guards")
     launches = {"rate": hosts(engine, "--critic", "single", *RUN,
                               launcher_args=["--host-args", "1", "--learning-rate 1e-4"]),
@@ -191,6 +192,10 @@ def guards(engine, runs, tmp_path_factory):
     newest.write_bytes(bytes(data))
     (damaged / "single" / ".multicritic-killed.npz").write_bytes(b"half a write")
     launches["damaged"] = one_host(engine, "--critic", "single", *RUN, "--checkpoint-dir", str(damaged))
+    # Host 0 finds a checkpoint, host 1 (its copy not arrived) none.
+    copy_checkpoint(os.path.join(runs["folders"]["two"], "ckpt"), "single", 2, str(base / "host0"))
+    launches["resume"] = hosts(engine, "--critic", "single", *RUN, "--checkpoint-dir", str(base / "host0"),
+                               "--timeout", "30", launcher_args=["--host-args", "1", f"--checkpoint-dir {base}/host1"])
     return {"folders": {"pre": pre, "damaged": str(damaged)}, **launches}
 
 
@@ -226,3 +231,10 @@ def test_a_global_batch_that_splits_unevenly_is_refused_by_every_host(guards):
                            r"for a dream step \(a global batch of 15 along axis 1\)")
     assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
     assert not launch.lines(r"trained steps")
+
+
+def test_hosts_that_find_different_checkpoints_are_refused_before_any_restore(guards):
+    launch = guards["resume"]
+    refused = launch.lines(r"ValueError: resume step: got \[2\] on host 0, \[\] on host 1; expected the same")
+    assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
+    assert not launch.lines(r"trained steps|restored step")
