@@ -192,7 +192,7 @@ def state_digest(trainer) -> str:
     return digest.hexdigest()
 
 
-def train(args, checkpoints=None, log=print, extra=None, scope=contextlib.nullcontext):
+def train(args, checkpoints=None, log=print, extra=None, scope=contextlib.nullcontext, preemption=True):
     """Trains each critic of `args.critic` in turn (see the module docstring).
 
     Args:
@@ -203,11 +203,15 @@ def train(args, checkpoints=None, log=print, extra=None, scope=contextlib.nullco
         extra: more arrays for the `--out` files.
         scope: a context in which to build the critics and trainers
             (TensorFlow: the strategy's scope; the steps run outside it).
+        preemption: take SIGTERM as a preemption request (every host
+            checkpoints one step and exits 0); off where the launcher
+            stops its workers with SIGTERM itself (Ray).
     """
     names = kinds(args)
     from multicritic.training import hosts
 
-    hosts.watch_preemption()  # a scheduler's SIGTERM: every host checkpoints at one step and exits cleanly
+    if preemption:
+        hosts.watch_preemption()  # a scheduler's SIGTERM: every host checkpoints at one step and exits cleanly
     for kind in names:
         folder = os.path.join(args.checkpoint_dir, kind) if args.checkpoint_dir else None
         store = checkpoints(kind) if checkpoints else FileCheckpoints(folder)

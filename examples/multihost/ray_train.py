@@ -105,7 +105,8 @@ def train_loop(config):
     node = ray.get_runtime_context().get_node_id()
     checkpoints = RayCheckpoints()
     try:
-        shared.train(args, checkpoints=checkpoints, extra={"node": node},
+        # Ray stops and restarts its workers itself (SIGTERM, then SIGKILL): no preemption handler here.
+        shared.train(args, checkpoints=checkpoints, extra={"node": node}, preemption=False,
                      log=lambda line: print(f"{line} [node {node[:8]}]", flush=True))
     finally:
         shutil.rmtree(checkpoints.folder, ignore_errors=True)  # Ray keeps what was reported
