@@ -344,6 +344,7 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
         # (holder module, leaf name, transposed) of each parameter: where `forward` reads it.
         self.__dict__["slots"] = slots
         self.__dict__["params"] = [holder._parameters[leaf] for holder, leaf, _ in slots]
+        self.__dict__["aliased"] = any(self.transposed)  # some parameters are transposed views of the variables
         index = {id(v): i for i, v in enumerate(variables)}
         # What the forward pass computes, apart from the values: the half, the outputs and the order and
         # layout the values come in.
@@ -409,7 +410,8 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
         # The module's own parameters (the usual case) change layout only with a new epoch: no need to read
         # their layouts at every call.
         own = ("own",) if all(map(operator.is_, read, self.params)) else None
-        return torch_replay.replay(critic, self._variables, key, self._run, inputs, self.values(read), own)
+        values = self.values(read) if self.aliased else read
+        return torch_replay.replay(critic, self._variables, key, self._run, inputs, values, own)
 
     def _variables(self):
         return self.variables
