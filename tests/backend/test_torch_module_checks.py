@@ -25,6 +25,7 @@ if BACKEND == "torch":
 
     from multicritic.backend import torch_replay
     from multicritic.interop import nm512, rllib, sheeprl, torchrl
+    from tests.backend.test_torch_replay import keras_path as eager  # the eager path: replays off
 
 H, C, K, N = 24, 4, 5, 6
 
@@ -77,14 +78,6 @@ def inputs(seed=0, lead=(N,)):
 
 def leaves(x):
     return [t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
-
-
-def eager(fn):
-    torch_replay.ENABLED = False
-    try:
-        return fn()
-    finally:
-        torch_replay.ENABLED = True
 
 
 def assert_equal(got, want, exact=True):
