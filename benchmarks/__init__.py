@@ -26,3 +26,14 @@ def options_for(native, batch):
     scale)."""
     table = native.FASTEST
     return dict(table[min(table, key=lambda measured: abs(math.log(measured / batch)))])
+
+
+def example(name):
+    """`examples/<name>.py` loaded as a module (the examples are scripts, not a package)."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(f"example_{name}", os.path.join(root, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

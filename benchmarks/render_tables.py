@@ -111,29 +111,77 @@ def train_step(files, backends=None, batches=None, ours="multicritic", native="n
     return lines + ["", _peaks_line(peaks, sorted(set(shown)))]
 
 
-# The GPU table's columns: multicritic's steps, then the native ones (a name missing from a run shows "–").
-GPU_IMPLS = (("multicritic", "ours compiled"), ("multicritic_eager", "ours eager"), ("native", "native eager"),
-             ("native_compiled", "native torch.compile"), ("native_cudagraphs", "native CUDA graphs"))
+def _spread(r) -> str:
+    """`ms [min–max]` of a timing record (the median alone where the run kept no spread)."""
+    if "step_ms_min" not in r:
+        return f"{r['step_ms']:.2f}"
+    return f"{r['step_ms']:.2f} [{r['step_ms_min']:.2f}–{r['step_ms_max']:.2f}]"
+
+
+def _device(r) -> str:
+    """`kernels, busy µs` a step from the run's profile of a step, "–" where there is none."""
+    d = r.get("device") or {}
+    if "kernels_per_step" not in d:
+        return "–"
+    return f"{d['kernels_per_step']:.0f}, {d['busy_us_per_step']:.0f} µs"
+
+
+def _floor_us(r, launch):
+    """The step's floor in µs: the GPU's busy time, or its kernels at the in-graph launch cost if that is more."""
+    d = r.get("device") or {}
+    if "kernels_per_step" not in d or not launch:
+        return None
+    return max(d["busy_us_per_step"], d["kernels_per_step"] * launch["in_graph_us"])
 
 
 @table("gpu_train_step")
 def gpu_train_step(files):
-    """`results_gpu.json` (every `train_step*` part): each step's ms (first call s) per backend, size and batch,
-    the fastest native step's time / ours, and how long a call of ours holds the host (where the run measured
-    it: a step that takes no longer than that is bound by the host, not the GPU)."""
-    records = [r for part, recs in files[0].items() if part.startswith("train_step") for r in recs]
-    rows, peaks = _pairs(records)
-    lines = ["| backend | size | batch | " + " | ".join(label for _, label in GPU_IMPLS) +
-             " | fastest native / ours | ours: host ms a call |", "|---|---|---:|" + "---:|" * (len(GPU_IMPLS) + 2)]
-    for (backend, size, batch), impls in sorted(rows.items()):
-        cells = [f"{impls[n]['step_ms']:.2f} ({impls[n]['first_call_s']:.1f} s)" if n in impls else "–"
-                 for n, _ in GPU_IMPLS]
-        natives = [r["step_ms"] for n, r in impls.items() if n.startswith("native")]
-        ratio = _ratio(min(natives) / impls["multicritic"]["step_ms"]) if natives and "multicritic" in impls else "–"
-        host = impls.get("multicritic", {}).get("host_ms")
-        lines.append(f"| {backend} | {size} | {batch} | " + " | ".join(cells) + f" | {ratio} | " +
-                     ("–" if host is None else f"{host:.2f}") + " |")
-    return lines + ["", f"Machine: {'; '.join(files[0]['machine'])}. " + _peaks_line(peaks, sorted(peaks))]
+    """`results_gpu.json` (every `train_step*` part): per backend, size, batch and precision, our step's ms
+    (median and min–max over blocks), the fastest native step of its own framework and of any framework,
+    each step's kernels and GPU busy time a step (profiler), and our time over the floor (the busy time, or
+    the kernels at the measured in-graph launch cost if more)."""
+    merged = files[0]
+    records = [r for part, recs in merged.items() if part.startswith("train_step") for r in recs]
+    rows: Dict[tuple, dict] = {}
+    for r in records:
+        if r.get("impl") != "matmul_peak":
+            key = (r["backend"], r["size"], r["batch"], r.get("precision", "float32"))
+            rows.setdefault(key, {})[r["impl"]] = r
+    launch = merged.get("launch_cost")
+    lines = ["| backend | size | batch | precision | ours ms | fastest native of its framework, ms | native / ours "
+             "| fastest native of any framework / ours | ours: kernels, busy a step | native: kernels, busy a step "
+             "| ours / floor |", "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+    for (backend, size, batch, precision), impls in sorted(rows.items()):
+        ours = impls.get("multicritic")
+        natives = {n: r for n, r in impls.items() if n.startswith("native")}
+        if ours is None or not natives:
+            continue
+        name, best = min(natives.items(), key=lambda kv: kv[1]["step_ms"])
+        anywhere = [r["step_ms"] for (b, s_, ba, p), i in rows.items() if (s_, ba, p) == (size, batch, precision)
+                    for n, r in i.items() if n.startswith("native")]
+        floor = _floor_us(ours, launch)
+        lines.append(
+            f"| {backend} | {size} | {batch} | {precision} | {_spread(ours)} | {name} {_spread(best)} | "
+            f"{_ratio(best['step_ms'] / ours['step_ms'])} | {_ratio(min(anywhere) / ours['step_ms'])} | "
+            f"{_device(ours)} | {_device(best)} | " + ("–" if floor is None else f"{ours['step_ms'] * 1e3 / floor:.2f}")
+            + " |")
+    cost = (f" Launch cost: {launch['eager_us']:.1f} µs a kernel launched eagerly, {launch['in_graph_us']:.2f} µs "
+            "inside a replayed CUDA graph." if launch else "")
+    return lines + ["", f"Machine: {'; '.join(merged['machine'])}.{cost}"]
+
+
+@table("step_kernels")
+def step_kernels(files):
+    """`benchmarks/ours/step_kernels.py --json` files (one per backend): each compiled step's launches (XLA's
+    top-level instructions; inductor's kernels) and their number over the native step's."""
+    lines = ["| backend | size | batch | step | launches | x native |", "|---|---|---:|---|---:|---:|"]
+    for records in files:
+        native = {r["batch"]: sum(r["ops"].values()) for r in records if r["impl"].startswith("native")}
+        for r in records:
+            count = sum(r["ops"].values())
+            lines.append(f"| {r['backend']} | {r['size']} | {r['batch']} | {r['impl']} | {count} | "
+                         f"{count / native[r['batch']]:.2f} |")
+    return lines
 
 
 @table("train_step_ratios")

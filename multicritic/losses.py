@@ -57,6 +57,7 @@ def critic_loss(
     ema_logits=None,
     head: str = "two_hot",
     hl_gauss_sigma: float = 0.75,
+    diagnostics: bool = True,
 ) -> Dict[str, object]:
     """The critic loss of DreamerV3 over `N` positions (e.g. `[H, B]`, or `[K, H, B]` for an ensemble).
 
@@ -105,6 +106,8 @@ def critic_loss(
             `ema_value_symlog`, their decoded value is the target.
         head: `"two_hot"` (the reference), `"hl_gauss"` or `"mse"`.
         hl_gauss_sigma: HL-Gauss standard deviation, in bucket widths.
+        diagnostics: `False` returns `total` alone: the other entries are
+            reductions of their own, kernels a step pays for unless asked.
 
     Returns:
         A dict of float32 scalars: `total`; the unweighted means `value_nll`
@@ -156,7 +159,7 @@ def critic_loss(
     value_targets = ops.where(finite, value_targets, 0.0)
     keep = ops.cast(finite, "float32")
 
-    value_nll, ema_reg = head_class.position_losses(
+    per_position, value_nll, ema_reg = head_class.weighted_position_losses(
         logits,
         value_targets,
         ema_value_symlog if ema_regularizer == "two_hot_mean" else None,
@@ -167,10 +170,13 @@ def critic_loss(
         upper_bound=upper_bound,
         bin_scheme=bin_scheme,
         sigma=hl_gauss_sigma,
+        ema_weight=ema_regularizer_weight,
     )
+    total = ops.mean(per_position * keep * loss_weights)
+    if not diagnostics:
+        return {"total": total}
     value_nll = value_nll * keep
     ema_reg = ema_reg * keep
-    per_position = value_nll + (ema_reg if ema_regularizer_weight == 1.0 else ema_regularizer_weight * ema_reg)
 
     if head_class.has_support():
         # Outside the support in real space (symlog is monotone, so this is
@@ -184,7 +190,7 @@ def critic_loss(
     else:
         clipped = ops.zeros_like(finite)
     return {
-        "total": ops.mean(per_position * loss_weights),
+        "total": total,
         "value_nll": ops.mean(value_nll),
         "ema_regularizer": ops.mean(ema_reg),
         "clipped_fraction": ops.mean(ops.cast(clipped, "float32")),

@@ -7,12 +7,15 @@
 #     OUT=/some/dir BUDGET=540 bash benchmarks/gpu/run.sh
 #
 # What it runs, most wanted first, each part under its own time limit and all of them inside BUDGET seconds
-# (default 540), so that a slow part cannot take the others' results with it: the PyTorch compiled-step tests
-# on the GPU (CUDA-graph replay against eager); the forward passes a host calls in its loops; the kernels of
-# JAX's step and the native one (XLA's dump; each kernel's time from jax.profiler, summed by source op); the
-# train step at XS, batch 256 / 4096 / 15360, ours (compiled: CUDA graphs; and eager) against the native step
-# (eager, torch.compile'd, CUDA graphs), one process per batch, and JAX's; a K=5 ensemble against the native
-# vectorised ensemble at 256 and 4096; size S. The merged JSON is rewritten after every part.
+# (default 480: the 8 minutes of issue 52), so that a slow part cannot take the others' results with it:
+# the tests that need a GPU (PyTorch's compiled step and replays against eager; every native baseline, the
+# hand-captured CUDA graph included, against CriticTrainer's numbers); the per-kernel launch cost (eager and
+# inside a CUDA graph); the train step, ours (`multicritic`, and `multicritic_core`: `metrics="core"`) against
+# the fastest native steps of its framework (PyTorch: eager, torch.compile, reduce-overhead, the whole step
+# captured by hand; JAX: jit with donated state), XS and S, batch 256 / 4096 / 15360, float32 and bfloat16,
+# one process per case, at least 200 steps a block, 5 alternating blocks, medians and min-max, each step's
+# kernels and GPU busy time from the profiler beside its time; the forward views; a K=5 ensemble against the
+# native vectorised one; TensorFlow where it is installed. The merged JSON is rewritten after every part.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-benchmarks/results}"
@@ -67,31 +70,41 @@ part() {  # part NAME SECONDS BACKEND COMMAND... (COMMAND gets `--json PATH` unl
   merge
 }
 
-part tests_torch_cuda 120 torch python3 -m pytest -q -p no:cacheprovider --durations=6 \
-  tests/backend/test_torch_step.py tests/backend/test_torch.py tests/backend/test_torch_replay.py
-torch_step() {  # torch_step SIZE BATCH SECONDS
-  local impls=(multicritic multicritic_eager native native_compiled)
-  (($2 < 15360)) && impls+=(native_cudagraphs)
-  part "train_step_torch_$1_$2" "$3" torch python3 benchmarks/ours/train_step.py --backend torch \
-    --size "$1" --batch "$2" --repeats 5 --block-seconds 0.4 --impls "${impls[@]}"
+part tests_torch_cuda 150 torch python3 -m pytest -q -p no:cacheprovider --durations=6 \
+  tests/backend/test_torch_step.py tests/backend/test_torch.py tests/backend/test_torch_replay.py \
+  tests/benchmarks/test_native_baselines.py
+part launch_cost 20 torch python3 -c "
+import json, sys
+from benchmarks.device_profile import launch_costs
+json.dump(launch_costs(), open(sys.argv[-1], 'w'))
+print(open(sys.argv[-1]).read())" --json
+step() {  # step BACKEND SIZE PRECISION SECONDS BATCH... (one process per case; PyTorch: per batch)
+  local backend=$1 size=$2 precision=$3 limit=$4
+  shift 4
+  local impls=(multicritic multicritic_core native)
+  [[ $backend == torch ]] && impls=(multicritic multicritic_core native native_compiled native_cuda_graph)
+  [[ $backend == torch && $size == XS && $1 == 256 ]] && impls+=(native_cudagraphs)
+  [[ $backend == tensorflow ]] && impls=(multicritic multicritic_core native native_xla)
+  part "train_step_${backend}_${size}_${precision}_$1" "$limit" "$backend" python3 benchmarks/ours/train_step.py \
+    --backend "$backend" --size "$size" --batch "$@" --precision "$precision" --repeats 5 --block-seconds 0.2 \
+    --min-block-steps 200 --device-profile --impls "${impls[@]}"
 }
-part forward_views 70 torch python3 benchmarks/ours/forward_views.py --repeats 5 --block-seconds 0.1
-part step_kernels_jax 60 jax python3 benchmarks/ours/step_kernels.py --backend jax --batch 256 4096 \
-  --by-source --profile
-torch_step XS 256 70
-part train_step_jax 80 jax python3 benchmarks/ours/train_step.py --backend jax \
-  --size XS --batch 256 4096 15360 --repeats 5 --block-seconds 0.3
-part ensemble_jax 60 jax python3 benchmarks/ours/ensemble.py --backend jax --size XS \
+step torch XS float32 80 256
+step jax XS float32 70 256 4096 15360
+part forward_views 50 torch python3 benchmarks/ours/forward_views.py --repeats 5 --block-seconds 0.1
+step torch XS float32 60 4096
+step torch XS float32 50 15360
+step jax XS bfloat16 60 256 4096 15360
+step torch XS bfloat16 60 256
+part ensemble_jax 45 jax python3 benchmarks/ours/ensemble.py --backend jax --size XS \
   --batch 256 4096 --members 5 --impls single ensemble native --repeats 5 --block-seconds 0.4
-torch_step XS 4096 65
-torch_step XS 15360 55
-part ensemble_torch 60 torch python3 benchmarks/ours/ensemble.py --backend torch --size XS \
+part ensemble_torch 50 torch python3 benchmarks/ours/ensemble.py --backend torch --size XS \
   --batch 256 4096 --members 5 --impls single ensemble native --repeats 5 --block-seconds 0.4 --jit-compile
+step jax S float32 50 256 4096 15360
+step torch S float32 50 4096
+step torch XS bfloat16 50 4096
 if python3 -c "import tensorflow" 2>/dev/null; then
-  part train_step_tensorflow 90 tensorflow python3 benchmarks/ours/train_step.py --backend tensorflow \
-    --size XS --batch 256 4096 15360 --repeats 5 --block-seconds 0.4
+  step tensorflow XS float32 80 256 4096 15360
 fi
-torch_step S 4096 60
-part train_step_jax_S 60 jax python3 benchmarks/ours/train_step.py --backend jax \
-  --size S --batch 256 4096 15360 --repeats 5 --block-seconds 0.3
+part step_kernels_jax 40 jax python3 benchmarks/ours/step_kernels.py --backend jax --batch 256 4096 --by-source
 echo "wrote $out/results_gpu.json and $log" | tee -a "$log"

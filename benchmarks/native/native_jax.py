@@ -40,14 +40,19 @@ def init(rng, in_dim, units, layers):
     return params
 
 
-def forward(params, h, z):
+def _matmul(x, kernel, dtype):
+    """`x @ kernel` computed in `dtype` (bfloat16: Keras's mixed precision, inputs and kernel cast), float32 out."""
+    return (x.astype(dtype) @ kernel.astype(dtype)).astype(jnp.float32)
+
+
+def forward(params, h, z, dtype=jnp.float32):
     x = jnp.concatenate([h, z.reshape(z.shape[0], -1)], -1)
     for layer in params["mlp"]:
-        x = x @ layer["kernel"]
+        x = _matmul(x, layer["kernel"], dtype)
         mean = x.mean(-1, keepdims=True)
         var = jnp.square(x - mean).mean(-1, keepdims=True)
         x = jax.nn.silu((x - mean) * jax.lax.rsqrt(var + 1e-3) * layer["gamma"] + layer["beta"])
-    logits = x @ params["head"]["kernel"] + params["head"]["bias"]
+    logits = _matmul(x, params["head"]["kernel"], dtype) + params["head"]["bias"]
     return (jax.nn.softmax(logits) * BUCKETS).sum(-1), logits
 
 
@@ -93,10 +98,13 @@ FASTEST = {
 
 
 def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, initial=None,
-              two_hot="gather", donate=True):
+              two_hot="gather", donate=True, precision="float32"):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(params, ema)` pytrees to start from
     (`step.read("fast" | "ema")` reads them back); `two_hot`, `donate` (the state's buffers to the step): the
-    variant (see `VARIANTS`)."""
+    variant (see `VARIANTS`); `precision="bfloat16"`: the matmuls in bfloat16 (weights kept in float32)."""
+    if precision not in ("float32", "bfloat16"):
+        raise ValueError(f"precision: got {precision!r}, expected 'float32' or 'bfloat16'.")
+    dtype = jnp.bfloat16 if precision == "bfloat16" else jnp.float32
     params = init(np.random.default_rng(seed), in_dim, units, layers)
     if initial is not None:
         params = jax.tree_util.tree_map(jnp.asarray, initial[0])
@@ -107,8 +115,8 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
     state = [params, ema, (zeros(), zeros(), jnp.zeros((), jnp.float32))]
 
     def loss_fn(params, ema, h, z, targets, weights):
-        _, logits = forward(params, h, z)
-        ema_value, _ = forward(ema, h, z)
+        _, logits = forward(params, h, z, dtype)
+        ema_value, _ = forward(ema, h, z, dtype)
         return loss_from(logits, jax.lax.stop_gradient(ema_value), targets, weights, two_hot)
 
     def adam(grads, opt_state, params):

@@ -7,7 +7,16 @@ trainer's; `torch.optim.Adam` places it after the bias correction), EMA
 with _foreach ops; with
 `jit_compile`, the forward pass and loss (their backward with them) and the
 update each go through `torch.compile` (PyTorch's recipe for a compiled
-training step). Same math as the reference critic step.
+training step); with `jit_compile="cuda_graph"` (a CUDA device) the whole
+step, forward, backward, clip, Adam and EMA, is captured by hand as one CUDA
+graph (`torch.cuda.graph`, PyTorch's whole-network capture recipe, as
+TorchRL's learner does): static input buffers, a warm-up on a side stream,
+gradients allocated in the graph's pool, every step one `replay()`. Its Adam
+is the foreach one with its step count on the device (capturable);
+`torch.optim.Adam(capturable=True)` would put epsilon after the bias
+correction, and the per-step epsilon that makes it Keras's (the fused
+variant's) is a host number a graph cannot take. Same math as the reference
+critic step.
 
 Variants tried (`benchmarks/ours/baseline_variants.py`, XS, 2 vCPUs, medians of 5
 alternating blocks, ms per step at batch 256 / 4096 / 15360; the file
@@ -96,9 +105,13 @@ FASTEST = {
 
 
 def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, jit_compile=False, initial=None,
-              two_hot="gather", optimizer="foreach"):
+              two_hot="gather", optimizer="foreach", precision="float32"):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(fast, ema)` state dicts to start from
-    (`step.read("fast" | "ema")` reads them back); `two_hot`, `optimizer`: the variant (see `VARIANTS`)."""
+    (`step.read("fast" | "ema")` reads them back); `two_hot`, `optimizer`: the variant (see `VARIANTS`);
+    `precision="bfloat16"`: the forward passes under `torch.autocast` (matmuls in bfloat16; the loss, the
+    weights and the update in float32), PyTorch's mixed precision."""
+    if precision not in ("float32", "bfloat16"):
+        raise ValueError(f"precision: got {precision!r}, expected 'float32' or 'bfloat16'.")
     critic = Critic(in_dim, units, layers).to(DEVICE)
     ema = copy.deepcopy(critic).requires_grad_(False)
     if initial is not None:
@@ -118,10 +131,11 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
         raise ValueError(f"optimizer: got {optimizer!r}, expected 'foreach' or 'fused'.")
 
     def forward_loss(h, z, targets, weights):
-        _, logits = critic(h, z)
-        with torch.no_grad():
-            ema_value, _ = ema(h, z)
-        return loss_from(logits, ema_value, targets, weights, two_hot)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+            _, logits = critic(h, z)
+            with torch.no_grad():
+                ema_value, _ = ema(h, z)
+        return loss_from(logits.float(), ema_value.float(), targets, weights, two_hot)
 
     cuda_graphs = jit_compile == "reduce-overhead"
 
@@ -162,7 +176,7 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
             torch._foreach_lerp_(ema_params, params, 1.0 - decay)
         return norm
 
-    if jit_compile:
+    if jit_compile and jit_compile != "cuda_graph":
         # The whole step as PyTorch compiles it: the forward pass and loss (AOTAutograd compiles their backward
         # with them) and the update (the "compiled optimizer" recipe), with the foreach Adam (the fused one's
         # epsilon changes on the host every step, which would recompile).
@@ -176,6 +190,59 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
     def read(which):
         return {k: v.detach().cpu().numpy().copy() for k, v in (critic if which == "fast" else ema).state_dict().items()
                 if k != "buckets"}
+
+    if jit_compile == "cuda_graph":
+        if optimizer != "foreach":
+            raise ValueError(f"optimizer: got {optimizer!r} with jit_compile='cuda_graph', expected 'foreach'.")
+        return _captured(forward_loss, update, params, [*params, *ema_params, *moments, *velocities, count], read)
+    step.read = read
+    return step
+
+
+def _captured(forward_loss, update, params, state, read):
+    """The step `forward_loss` + backward + `update` captured as one CUDA graph per input shape."""
+    if not torch.cuda.is_available():
+        raise ValueError("jit_compile: got 'cuda_graph' without a CUDA device, expected True, False or "
+                         "'reduce-overhead'.")
+    graphs = {}
+
+    def body(inputs):
+        loss = forward_loss(*inputs)
+        loss.backward()
+        return loss.detach(), update()
+
+    def capture(batch):
+        inputs = [x.clone() for x in batch]  # the graph's own input buffers
+        saved = [t.detach().clone() for t in state]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (cuBLAS handles, allocator pools) outside the capture
+            for _ in range(3):
+                for p in params:
+                    p.grad = None
+                body(inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.no_grad():  # the warm-up's steps undone: the first replay is the first step
+            for t, s in zip(state, saved):
+                t.copy_(s)
+        for p in params:
+            p.grad = None  # allocated inside the capture, from the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = body(inputs)
+        return graph, inputs, outputs
+
+    def step(h, z, targets, weights):
+        batch = (h, z, targets, weights)
+        key = tuple((tuple(x.shape), x.dtype) for x in batch)
+        if key not in graphs:
+            graphs[key] = capture(batch)
+        graph, inputs, (loss, norm) = graphs[key]
+        for buffer, x in zip(inputs, batch):
+            buffer.copy_(x)
+        graph.replay()
+        # The graph's output buffers: the next replay overwrites them (read them before the next step).
+        return {"total": loss, "grad_norm": norm}
 
     step.read = read
     return step

@@ -1,16 +1,22 @@
-"""Counts the top-level operations of multicritic's XLA-compiled train step and of the native step.
+"""Counts the kernels of multicritic's compiled train step and of the native compiled step.
 
-XLA dumps each step's optimised HLO (`XLA_FLAGS=--xla_dump_to`), one process per implementation; the
-step's entry computation is counted by opcode. On a GPU each fusion, custom call (a cuBLAS GEMM) and
-other non-trivial instruction is about one kernel launch, which is what a small step's time is bound by
-there; on a CPU fusions are loops over memory.
+XLA (JAX, TensorFlow): each step's optimised HLO is dumped (`XLA_FLAGS=--xla_dump_to`), one process per
+implementation, and the step's entry computation is counted by opcode. On a GPU each fusion, custom call (a
+cuBLAS GEMM) and other non-trivial instruction is about one kernel launch, which is what a small step's time
+is bound by there; on a CPU fusions are loops over memory. PyTorch: the inductor code of the compiled step
+(whole, ours; the native step's `torch.compile`) is counted the same way, by what its `call` launches:
+generated kernels (`cpp_fused_*` on a CPU, Triton kernels on a GPU) and library kernels (`extern_kernels.*`,
+ATen fallbacks).
 
     python benchmarks/ours/step_kernels.py --backend jax --batch 256 4096
     python benchmarks/ours/step_kernels.py --backend tensorflow --batch 4096 --json out.json
+    python benchmarks/ours/step_kernels.py --backend torch --batch 256
 
-JAX compares `multicritic` with `native`; TensorFlow its XLA step (`multicritic`) with `native_xla`.
-`--by-source` also lists where the counts differ, by the source op each instruction was traced from (XLA's
-op_name metadata); the JSON holds both breakdowns.
+Each backend counts `multicritic` (the default `metrics="all"`), `multicritic_core` (`metrics="core"`,
+returning what the native steps return) and the native compiled step (`native` for JAX, `native_xla` for
+TensorFlow, `native_compiled` for PyTorch). `--by-source` also lists where the counts of `multicritic_core`
+and the native step differ, by the source op each instruction was traced from (XLA's op_name metadata);
+the JSON holds both breakdowns.
 
 `--profile` (JAX) also times them: each step runs `--profile-steps` times under `jax.profiler` and each
 instruction's time a step (the trace's events, by their `hlo_op`) is summed by source, printed where ours
@@ -38,7 +44,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, ROOT)
 
-PAIRS = {"jax": ("multicritic", "native"), "tensorflow": ("multicritic", "native_xla")}
+PAIRS = {"jax": ("multicritic", "multicritic_core", "native"),
+         "tensorflow": ("multicritic", "multicritic_core", "native_xla"),
+         "torch": ("multicritic", "multicritic_core", "native_compiled")}
+# The two that `--by-source` and `--profile` set side by side.
+COMPARED = (1, 2)
 # Entry instructions that launch nothing: arguments, constants, views and tuples.
 FREE = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element", "copy-start", "copy-done"}
 
@@ -60,6 +70,10 @@ def _run_step(backend, size, batch, impl, profile_steps=0, profile_to=None):
         _sync(backend, metrics)
 
     run(2)
+    if backend == "torch":
+        with open(profile_to, "w") as f:
+            json.dump(inductor_launches(), f)
+        return
     if not profile_steps:
         return
     import jax
@@ -78,6 +92,35 @@ def _run_step(backend, size, batch, impl, profile_steps=0, profile_to=None):
         result["error"] = f"{type(e).__name__}: {e}"
     with open(profile_to, "w") as f:
         json.dump(result, f)
+
+
+# What an inductor wrapper's `call` launches: its generated kernels (C++ on a CPU, `.run(` of Triton on a
+# GPU), library kernels and ATen fallbacks.
+_LAUNCH = re.compile(r"^\s*(?:\w+ = )?(?:(cpp_fused_\w+)\(|(triton_\w+)\.run\(|(extern_kernels\.\w+)\(|"
+                     r"(torch\.ops\.\w+\.\w+)[.(])")
+
+
+def inductor_launches():
+    """`{"ops": {kind: count}, "sources": {kernel: count}}` of the `call` functions of every graph inductor
+    compiled in this process (kernel names without their numeric suffix)."""
+    import inspect
+
+    from torch._inductor.codecache import PyCodeCache
+
+    ops, sources = collections.Counter(), collections.Counter()
+    for module in list(PyCodeCache.modules):
+        try:
+            code = inspect.getsource(module.call)
+        except (AttributeError, OSError, TypeError):
+            continue
+        for line in code.splitlines():
+            m = _LAUNCH.match(line)
+            if m:
+                cpp, triton, extern, fallback = m.groups()
+                kind = "generated" if (cpp or triton) else "library" if extern else "fallback"
+                ops[kind] += 1
+                sources[re.sub(r"_\d+$", "", cpp or triton or extern or fallback)] += 1
+    return {"ops": dict(ops), "sources": dict(sources)}
 
 
 def op_times(trace, steps):
@@ -152,10 +195,10 @@ def source_times(hlo_text, op_us):
 
 def source_table(records):
     """Per batch: the sources whose counts differ between the two steps, the most extra first."""
-    lines = ["| backend | batch | source | " + " | ".join(PAIRS[records[0]["backend"]]) + " |",
-             "|---|---:|---|---:|---:|"]
+    names = [PAIRS[records[0]["backend"]][i] for i in COMPARED]
+    lines = ["| backend | batch | source | " + " | ".join(names) + " |", "|---|---:|---|---:|---:|"]
     for batch in dict.fromkeys(r["batch"] for r in records):
-        ours, native = (r["sources"] for r in records if r["batch"] == batch)
+        ours, native = (r["sources"] for name in names for r in records if r["batch"] == batch and r["impl"] == name)
         differ = [k for k in set(ours) | set(native) if ours.get(k, 0) != native.get(k, 0)]
         for k in sorted(differ, key=lambda k: (native.get(k, 0) - ours.get(k, 0), k)):
             lines.append(f"| {records[0]['backend']} | {batch} | `{k}` | {ours.get(k, 0)} | {native.get(k, 0)} |")
@@ -179,10 +222,16 @@ def count(backend, size, batch, impl, profile_steps=0):
         profile_to = os.path.join(folder, "profile.json")
         cmd = [sys.executable, __file__, "--child", impl, "--backend", backend, "--size", size, "--batch", str(batch)]
         if profile_steps:
-            cmd += ["--profile", "--profile-steps", str(profile_steps), "--profile-to", profile_to]
+            cmd += ["--profile", "--profile-steps", str(profile_steps)]
+        if profile_steps or backend == "torch":
+            cmd += ["--profile-to", profile_to]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             raise SystemExit(f"{impl} failed:\n{out.stderr[-2000:]}")
+        if backend == "torch":
+            with open(profile_to) as f:
+                counted = json.load(f)
+            return collections.Counter(counted["ops"]), collections.Counter(counted["sources"]), None
         module = step_module(folder)
         profile = None
         if profile_steps:
@@ -196,25 +245,38 @@ def count(backend, size, batch, impl, profile_steps=0):
         return entry_ops(module), entry_sources(module), profile
 
 
+def launches(record):
+    """A record's launches: its entry instructions (XLA) or its `call`'s kernels (inductor)."""
+    return sum(record["ops"].values())
+
+
+def ratios(records):
+    """`{(batch, impl): launches / the native step's}` (the native step: the last of `PAIRS`)."""
+    native = {r["batch"]: launches(r) for r in records if r["impl"] == PAIRS[r["backend"]][-1]}
+    return {(r["batch"], r["impl"]): launches(r) / native[r["batch"]] for r in records}
+
+
 def table(records):
-    lines = ["| backend | size | batch | step | launches | fusions | custom calls | other |",
-             "|---|---|---:|---|---:|---:|---:|---:|"]
+    lines = ["| backend | size | batch | step | launches | x native | fusions / generated | custom calls / library "
+             "| other |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    ratio = ratios(records)
     for r in records:
         ops = r["ops"]
-        fusions, calls = ops.get("fusion", 0), ops.get("custom-call", 0)
-        lines.append(f"| {r['backend']} | {r['size']} | {r['batch']} | {r['impl']} | {sum(ops.values())} | {fusions} | "
-                     f"{calls} | {sum(ops.values()) - fusions - calls} |")
+        fusions, calls = ops.get("fusion", 0) + ops.get("generated", 0), ops.get("custom-call", 0) + ops.get(
+            "library", 0)
+        lines.append(f"| {r['backend']} | {r['size']} | {r['batch']} | {r['impl']} | {launches(r)} | "
+                     f"{ratio[(r['batch'], r['impl'])]:.2f} | {fusions} | {calls} | {launches(r) - fusions - calls} |")
     return "\n".join(lines)
 
 
 def time_table(records, rows=20):
     """Per batch: the wall and profiled time of a step, then the sources whose time differs most (ours
     minus native, the largest first), in microseconds a step."""
-    names = PAIRS[records[0]["backend"]]
+    names = [PAIRS[records[0]["backend"]][i] for i in COMPARED]
     lines = ["| backend | batch | source | " + " | ".join(f"{n} us" for n in names) + " |",
              "|---|---:|---|---:|---:|"]
     for batch in dict.fromkeys(r["batch"] for r in records):
-        ours, native = (r["profile"] for r in records if r["batch"] == batch)
+        ours, native = (r["profile"] for name in names for r in records if r["batch"] == batch and r["impl"] == name)
         backend = records[0]["backend"]
         for name, profile in zip(names, (ours, native)):
             if "error" in profile:

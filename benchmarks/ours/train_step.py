@@ -105,6 +105,8 @@ def _inputs(backend, batch, gru, cats, classes, seed):
 
 
 def _time_block(backend, step, data, count):
+    # Host time between two syncs with the device (`block_until_ready`, `.item()`): the device's time for
+    # `count` queued steps when the device is the slower (a GPU), the whole cost otherwise.
     start = time.perf_counter()
     for _ in range(count):
         metrics = step(*data)
@@ -126,12 +128,12 @@ def host_seconds(backend, step, data, calls=11):
     return statistics.median(seconds)
 
 
-def time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=False):
+def time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=False, min_steps=1):
     """Seconds per step of each implementation, `repeats` blocks each, in alternating order (A B .., .. B A).
 
     Each is warmed up (compiled) first; every block runs the same number of
     steps, sized so that the slowest implementation's block lasts about
-    `block_seconds`. Returns `({name: [seconds per step, ...]}, steps per block)`, and with `first_call`
+    `block_seconds`, and at least `min_steps` steps. Returns `({name: [seconds per step, ...]}, steps per block)`, and with `first_call`
     also `{name: seconds of the first call}` (tracing and compilation included).
     """
     per_step, first = {}, {}
@@ -148,7 +150,7 @@ def time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=F
             traceback.print_exc()
             print(f"{name}: failed in its warm-up, left out (MULTICRITIC_BENCH_KEEP_GOING)", file=sys.stderr)
             impls = {k: v for k, v in impls.items() if k != name}
-    count = max(1, int(block_seconds / max(per_step.values())))
+    count = max(min_steps, int(block_seconds / max(per_step.values())))
     times = {name: [] for name in impls}
     for r in range(repeats):
         order = list(impls) if r % 2 == 0 else list(impls)[::-1]
@@ -173,18 +175,25 @@ def cases(sizes, batches, sweep):
 # (the first calls' eager / plain-graph step), next to the native step eager and compiled as a good engineer
 # of that framework would write it.
 IMPLS = {
-    "torch": ("multicritic", "multicritic_eager", "native", "native_compiled", "native_cudagraphs"),
-    "tensorflow": ("multicritic", "multicritic_graph", "native", "native_xla"),
-    "jax": ("multicritic", "native"),
+    "torch": ("multicritic", "multicritic_core", "multicritic_eager", "native", "native_compiled",
+              "native_cudagraphs", "native_cuda_graph"),
+    "tensorflow": ("multicritic", "multicritic_core", "multicritic_graph", "native", "native_xla"),
+    "jax": ("multicritic", "multicritic_core", "native"),
 }
 
-# Timed only when `--impls` names them: the native step under CUDA graphs (`torch.compile(mode="reduce-overhead")`),
-# which a CPU runs as the plain compiled step.
-ON_REQUEST = ("native_cudagraphs",)
+# Timed only when `--impls` names them: the native step under CUDA graphs (`torch.compile(mode="reduce-overhead")`,
+# which a CPU runs as the plain compiled step; `native_cuda_graph`: captured whole by hand, CUDA only), and the
+# step with `metrics="core"`.
+ON_REQUEST = ("native_cudagraphs", "native_cuda_graph", "multicritic_core")
 
 
-def make_impls(backend, size, batch, wanted):
-    """`{name: step}` for the names in `wanted` (see `IMPLS`), and the critic's `(in_dim, units, layers)`."""
+PRECISIONS = ("float32", "bfloat16")
+
+
+def make_impls(backend, size, batch, wanted, precision="float32"):
+    """`{name: step}` for the names in `wanted` (see `IMPLS`), and the critic's `(in_dim, units, layers)`.
+    `precision="bfloat16"`: ours under Keras's `mixed_bfloat16` policy, the native steps' bfloat16 matmuls
+    (PyTorch's autocast, JAX's casts; TensorFlow's native steps have none and are left out)."""
     import keras
 
     from multicritic import CriticNetwork, CriticTrainer, get_model_dims
@@ -197,32 +206,53 @@ def make_impls(backend, size, batch, wanted):
     for name in wanted:
         if name == "native_cudagraphs":
             compiled = "reduce-overhead"
+        elif name == "native_cuda_graph":
+            compiled = "cuda_graph"
         else:
-            compiled = name.endswith(("_compiled", "_xla")) or (name == "multicritic" and backend != "jax")
+            compiled = name.endswith(("_compiled", "_xla")) or (name in ("multicritic", "multicritic_core")
+                                                                and backend != "jax")
         if name.startswith("multicritic"):
             keras.utils.set_random_seed(0)
-            impls[name] = CriticTrainer(CriticNetwork(model_size=size), jit_compile=compiled).train_step
+            # "multicritic_core": the same step returning only what the native steps return (`metrics="core"`).
+            metrics = "core" if name == "multicritic_core" else "all"
+            keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
+            try:
+                impls[name] = CriticTrainer(CriticNetwork(model_size=size), jit_compile=compiled,
+                                            metrics=metrics).train_step
+            finally:
+                keras.config.set_dtype_policy("float32")
         else:
+            if precision != "float32" and backend == "tensorflow":
+                continue
             kwargs = {"jit_compile": compiled} if backend in ("tensorflow", "torch") else {}
             if not (backend == "torch" and compiled):
                 kwargs.update(options_for(native, batch))  # the eager baseline's fastest variant
+            if precision != "float32":
+                kwargs["precision"] = precision
             impls[name] = native.make_step(in_dim, units, layers, **kwargs)
     return impls, (in_dim, units, layers)
 
 
-def run_backend(backend, pairs, repeats, block_seconds, wanted=None):
+def run_backend(backend, pairs, repeats, block_seconds, wanted=None, precision="float32", min_steps=1,
+                device_profile=False):
     native = __import__(f"benchmarks.native.native_{backend}", fromlist=["make_step"])  # noqa: F841 (fails early)
     wanted = [n for n in IMPLS[backend] if (n in wanted if wanted else n not in ON_REQUEST)]
     peak = _matmul_peak(backend)
     records = [{"backend": backend, "impl": "matmul_peak", "gflops": peak}]
     for size, batch in pairs:
-        impls, (in_dim, units, layers) = make_impls(backend, size, batch, wanted)
+        impls, (in_dim, units, layers) = make_impls(backend, size, batch, wanted, precision)
         from multicritic import get_model_dims
 
         dims = get_model_dims(size)
         data = _inputs(backend, batch, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"], seed=batch)
-        times, count, first = time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=True)
+        times, count, first = time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=True,
+                                                min_steps=min_steps)
         host = {name: host_seconds(backend, impls[name], data) for name in times}
+        device = {}
+        if device_profile:
+            from benchmarks.device_profile import profile_step
+
+            device = {name: profile_step(backend, impls[name], data) for name in times}
         flops = step_flops(in_dim, units, layers, 255, batch)
         for name, values in times.items():
             ms = statistics.median(values) * 1e3
@@ -233,6 +263,9 @@ def run_backend(backend, pairs, repeats, block_seconds, wanted=None):
                     "size": size,
                     "batch": batch,
                     "step_ms": ms,
+                    "step_ms_min": min(values) * 1e3,
+                    "step_ms_max": max(values) * 1e3,
+                    "precision": precision,
                     "samples_per_s": batch / (ms / 1e3),
                     "gflop_per_step": flops / 1e9,
                     "utilization": flops / (ms / 1e3) / (peak * 1e9),
@@ -242,6 +275,8 @@ def run_backend(backend, pairs, repeats, block_seconds, wanted=None):
                     "steps_per_block": count,
                 }
             )
+            if device.get(name):
+                records[-1]["device"] = device[name]
     return records
 
 
@@ -338,16 +373,24 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block-seconds", type=float, default=1.0, help="length of one timed block")
     parser.add_argument("--impls", nargs="+", help="a subset of the backend's implementations (see IMPLS)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32",
+                        help="bfloat16: ours under mixed_bfloat16, the native steps' bfloat16 matmuls")
+    parser.add_argument("--min-block-steps", type=int, default=1, help="steps a timed block runs at least")
+    parser.add_argument("--device-profile", action="store_true",
+                        help="also profile each step on the GPU: kernels a step and busy time a step")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     child = ["--size", *args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-             "--batch", *map(str, args.batch)] + (["--impls", *args.impls] if args.impls else [])
+             "--batch", *map(str, args.batch), "--precision", args.precision, "--min-block-steps",
+             str(args.min_block_steps)] + (["--impls", *args.impls] if args.impls else [])
     child += ["--sweep"] if args.sweep else []
+    child += ["--device-profile"] if args.device_profile else []
     pairs = cases(args.size, args.batch, args.sweep)
     dispatch(__file__, args, child, lambda: run_backend(args.backend, pairs, args.repeats, args.block_seconds,
-                                                         args.impls), table)
+                                                         args.impls, args.precision, args.min_block_steps,
+                                                         args.device_profile), table)
 
 
 if __name__ == "__main__":

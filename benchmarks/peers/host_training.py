@@ -31,7 +31,6 @@ and their dependencies).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -41,14 +40,7 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("sheeprl_critic_example",
-                                                  os.path.join(ROOT, "examples", "sheeprl_critic.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, ROOT)
 
 
 # What a host's DreamerV3 run has imported before a swap imports Keras and multicritic.
@@ -114,7 +106,9 @@ def main(argv=None):
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     if args.host == "sheeprl":
-        example = _example()
+        from benchmarks import example as example_module
+
+        example = example_module("sheeprl_critic")
         overrides = [f"algo.total_steps={args.steps}"]
         run = lambda swap: example.run(swap, overrides)  # noqa: E731
         host = "sheeprl 0.8.4 DreamerV3 (dummy env, examples/sheeprl_critic.py settings)"

@@ -114,6 +114,17 @@ class ValueHead(keras.layers.Layer):
         """
         raise NotImplementedError
 
+    @classmethod
+    def weighted_position_losses(cls, logits, value_targets, ema_value_symlog, ema_logits, *, ema_weight, **options):
+        """`(value_term + ema_weight * ema_term, value_term, ema_term)` of `position_losses` (the first is
+        `value_term` when `ema_term` is None). A head whose two terms come from shared work may override it to
+        sum them in one reduction: the first is the term the loss differentiates, so its gradient then has no
+        slices to pad back."""
+        value_term, ema_term = cls.position_losses(logits, value_targets, ema_value_symlog, ema_logits, **options)
+        if ema_term is None:
+            return value_term, value_term, None
+        return value_term + (ema_term if ema_weight == 1.0 else ema_weight * ema_term), value_term, ema_term
+
     @staticmethod
     def has_support() -> bool:
         """Whether targets outside the support are clipped (`clipped_fraction` counts them)."""

@@ -55,6 +55,14 @@ class RewardPredictorLayer(ValueHead):
     @staticmethod
     def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
                         lower_bound, upper_bound, bin_scheme, **options):
+        _, value_term, ema_term = RewardPredictorLayer.weighted_position_losses(
+            logits, value_targets, ema_value_symlog, ema_logits, ema_weight=1.0, regularizer=regularizer,
+            num_buckets=num_buckets, lower_bound=lower_bound, upper_bound=upper_bound, bin_scheme=bin_scheme)
+        return value_term, ema_term
+
+    @classmethod
+    def weighted_position_losses(cls, logits, value_targets, ema_value_symlog, ema_logits, *, ema_weight,
+                                 regularizer, num_buckets, lower_bound, upper_bound, bin_scheme, **options):
         logp = backend.current().log_softmax(logits)
         two_hot_ema = ema_value_symlog is not None and regularizer == "two_hot_mean"
         # Both two-hot targets at once, in the space the scheme interpolates in.
@@ -80,8 +88,11 @@ class RewardPredictorLayer(ValueHead):
         value_term = terms[..., 0]
         if two_hot_ema:
             ema_term = terms[..., 1]
-        elif ema_logits is not None:
+            # The loss's term as one sum over the four picked terms ([k, k_ema, k+1, k+1_ema] weighted [1, rw,
+            # 1, rw]): its gradient reaches the gathered log-probabilities whole, with no slice to pad back.
+            coef = 1.0 if ema_weight == 1.0 else ops.convert_to_tensor([1.0, ema_weight, 1.0, ema_weight])
+            return -ops.sum(picked * coef, axis=-1), value_term, ema_term
+        if ema_logits is not None:
             ema_term = cross_entropy(ops.stop_gradient(backend.current().softmax(ema_logits)), logp)
-        else:
-            ema_term = None
-        return value_term, ema_term
+            return value_term + (ema_term if ema_weight == 1.0 else ema_weight * ema_term), value_term, ema_term
+        return value_term, value_term, None

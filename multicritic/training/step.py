@@ -39,6 +39,13 @@ def _nonfinite(x):
     return 1.0 - ops.cast(ops.isfinite(ops.sum(x)), "float32")
 
 
+def _statistics(critic):
+    """The names of a `MultiCritic`'s normalisers' batch statistics (none for one critic)."""
+    if not is_multi_critic(critic):
+        return ()
+    return {n for normalizer in critic.normalizers.values() for n in (normalizer.statistic_names or ())}
+
+
 def _repeat(x, k, axis):
     """`x` repeated `k` times along a new axis `axis` (0: `[k, ...]`, -1: `[..., k]`); a repeat, not a
     broadcast, because TensorFlow's batch axes are unknown when the step is traced."""
@@ -59,10 +66,57 @@ def _before_last(x, members):
 
 
 
+# `metrics=`: "all" computes every diagnostic; "core" only what the step's guards need anyway.
+METRICS = ("all", "core")
+# What a "core" step returns: the loss, the gradient norm and whether the step was skipped (each guard's own
+# verdict is a further output, a copy or a kernel of its own).
+CORE_METRICS = ("total", "grad_norm", "step_skipped")
+
+def _check_optimizer(optimizer, grad_clip):
+    """A Keras optimizer (or None) that does not clip on its own when the step clips, else a `ValueError`."""
+    if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(
+            f"optimizer: got {optimizer!r}, expected a keras.optimizers.Optimizer instance or None "
+            "(None: Adam with learning_rate and epsilon)."
+        )
+    if grad_clip is not None and optimizer is not None:
+        for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+            for name in ("clipnorm", "clipvalue", "global_clipnorm"):
+                if getattr(opt, name, None) is not None:
+                    raise ValueError(
+                        f"optimizer: got a {type(opt).__name__} with {name}={getattr(opt, name)!r} and "
+                        f"grad_clip={grad_clip!r}, expected one clipping: an optimizer without {name} (the "
+                        "step clips the global norm to grad_clip), or grad_clip=None."
+                    )
+
+
+def _check_regularizer(critic, ema_regularizer):
+    """A regulariser every head of `critic` (each stream's) supports, else a `ValueError`."""
+    if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
+        raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
+    for member in (critic.streams.values() if is_multi_critic(critic) else [critic]):
+        if ema_regularizer not in heads.get(member.head).regularizers:
+            raise ValueError(
+                f"ema_regularizer: got {ema_regularizer!r} with the critic's head={member.head!r}, expected one of "
+                f"{list(heads.get(member.head).regularizers)}."
+            )
+
+
+def _check_choices(metrics, jit_compile, **flags):
+    """`metrics` one of `METRICS`, `jit_compile` True / False / "auto", each flag a bool; else a `ValueError`."""
+    if not isinstance(metrics, str) or metrics not in METRICS:
+        raise ValueError(f"metrics: got {metrics!r}, expected one of {list(METRICS)}.")
+    if not (isinstance(jit_compile, (bool, np.bool_)) or (isinstance(jit_compile, str) and jit_compile == "auto")):
+        raise ValueError(f"jit_compile: got {jit_compile!r}, expected True, False or 'auto'.")
+    for name, flag in flags.items():
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"{name}: got {flag!r}, expected True or False.")
+
+
 # The options a step's math reads: read-only once the step is built (`FixedOptionError`).
 FIXED_OPTIONS = ("critic", "optimizer", "gamma", "lambda_", "grad_clip", "ema_update_period", "ema_update_first",
                  "ema_regularizer_weight", "ema_regularizer", "ema_targets", "value_loss_weight", "replay_loss_weight",
-                 "replay_discount", "seed", "jit_compile")
+                 "replay_discount", "seed", "jit_compile", "metrics")
 
 
 class CriticStep(FixedOptions):
@@ -100,26 +154,14 @@ class CriticStep(FixedOptions):
         value_loss_weight: float = 1.0,
         replay_loss_weight: float = 0.3,
         replay_discount: float = 1.0 - 1.0 / 333,
+        metrics: str = "all",
     ):
         if not critic.built:
             raise ValueError("critic: not built yet; call it once on a batch (or give its input sizes) first.")
-        if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise ValueError(
-                f"optimizer: got {optimizer!r}, expected a keras.optimizers.Optimizer instance or None "
-                "(None: Adam with learning_rate and epsilon)."
-            )
         gamma = number("gamma", gamma, low=0.0, high=1.0)
         lambda_ = number("lambda_", lambda_, low=0.0, high=1.0)
         grad_clip = number("grad_clip", grad_clip, low=0.0, low_open=True, allow_none=True)
-        if grad_clip is not None and optimizer is not None:
-            for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-                for name in ("clipnorm", "clipvalue", "global_clipnorm"):
-                    if getattr(opt, name, None) is not None:
-                        raise ValueError(
-                            f"optimizer: got a {type(opt).__name__} with {name}={getattr(opt, name)!r} and "
-                            f"grad_clip={grad_clip!r}, expected one clipping: an optimizer without {name} (the "
-                            "step clips the global norm to grad_clip), or grad_clip=None."
-                        )
+        _check_optimizer(optimizer, grad_clip)
         learning_rate = number("learning_rate", learning_rate, low=0.0, low_open=True)
         epsilon = number("epsilon", epsilon, low=0.0, low_open=True)
         ema_update_period = integer("ema_update_period", ema_update_period)
@@ -127,22 +169,11 @@ class CriticStep(FixedOptions):
         value_loss_weight = number("value_loss_weight", value_loss_weight, low=0.0)
         replay_loss_weight = number("replay_loss_weight", replay_loss_weight, low=0.0)
         replay_discount = number("replay_discount", replay_discount, low=0.0, high=1.0)
-        if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
-            raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
-        for member in (critic.streams.values() if is_multi_critic(critic) else [critic]):
-            if ema_regularizer not in heads.get(member.head).regularizers:
-                raise ValueError(
-                    f"ema_regularizer: got {ema_regularizer!r} with the critic's head={member.head!r}, expected one of "
-                    f"{list(heads.get(member.head).regularizers)}."
-                )
+        _check_regularizer(critic, ema_regularizer)
         if seed is not None:
             seed = integer("seed", seed, low=0, high=2**32 - 1)
-        if not (isinstance(jit_compile, (bool, np.bool_)) or (isinstance(jit_compile, str) and jit_compile == "auto")):
-            raise ValueError(f"jit_compile: got {jit_compile!r}, expected True, False or 'auto'.")
-        for name, flag in (("check_finite", check_finite), ("ema_targets", ema_targets),
-                           ("ema_update_first", ema_update_first)):
-            if not isinstance(flag, (bool, np.bool_)):
-                raise ValueError(f"{name}: got {flag!r}, expected True or False.")
+        _check_choices(metrics=metrics, jit_compile=jit_compile, check_finite=check_finite, ema_targets=ema_targets,
+                       ema_update_first=ema_update_first)
         self.critic = critic
         self.gamma = float(gamma)
         self.lambda_ = float(lambda_)
@@ -158,6 +189,7 @@ class CriticStep(FixedOptions):
         self.seed = seed
         self.jit_compile = jit_compile if isinstance(jit_compile, str) else bool(jit_compile)
         self.check_finite = bool(check_finite)
+        self.metrics = metrics
         # Before the optimizer exists (an engine may initialise its variables from the chief's).
         hosts.agree_requested(critic, optimizer, dict(self.options(), learning_rate=learning_rate, epsilon=epsilon))
         if optimizer is None:
@@ -228,6 +260,7 @@ class CriticStep(FixedOptions):
             "seed": self.seed,
             "jit_compile": self.jit_compile,
             "check_finite": self.check_finite,
+            "metrics": self.metrics,
         }
 
     # ------------------------------------------------------------------
@@ -257,7 +290,8 @@ class CriticStep(FixedOptions):
         metrics = {f"{s}/{k}": v for s, losses in per_stream.items() for k, v in losses.items()}
         metrics["total"] = sum(weights[s] * losses["total"] for s, losses in per_stream.items())
         for count in ("invalid_inputs", "nonfinite_targets"):
-            metrics[count] = sum(losses[count] for losses in per_stream.values())
+            if all(count in losses for losses in per_stream.values()):
+                metrics[count] = sum(losses[count] for losses in per_stream.values())
         return metrics["total"], metrics
 
     def _critic_losses(self, critic, fast, ema, value_targets, loss_weights):
@@ -268,6 +302,10 @@ class CriticStep(FixedOptions):
         if regularize:
             ema_value, ema_logits = ops.stop_gradient(ema[0]), ops.stop_gradient(ema[1])
         targets = self._like(value_targets, value)
+        core = self.metrics == "core"
+        if core:
+            # Negative (or NaN) weights make the total NaN, which the guard reads (no reduction of its own).
+            loss_weights = ops.where(loss_weights >= 0.0, loss_weights, float("nan"))
         losses = critic_loss(
             logits,
             targets,
@@ -276,8 +314,18 @@ class CriticStep(FixedOptions):
             ema_regularizer=self.ema_regularizer if regularize else "two_hot_mean",
             ema_regularizer_weight=self.ema_regularizer_weight,
             ema_logits=ema_logits if self.ema_regularizer == "distribution" else None,
+            diagnostics=not core,
             **critic.loss_options(),
         )
+        if core:
+            # A negative weight (now NaN) or a non-finite state (non-finite logits: the MLP keeps finite inputs
+            # finite) makes the total NaN, and with it the gradients: the gradient norm's check skips the step
+            # with no check of its own. A loss-scale optimizer must not take that for an overflow (it would
+            # lower its scale): it gets the check. A clipping MLP's states are summed apart
+            # (`_invalid_states`).
+            scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+            losses["invalid_inputs"] = _nonfinite(losses["total"]) if scaled else ops.zeros(())
+            return losses
         if regularize:
             losses["ema_value_gap"] = ops.mean(ops.abs(ops.stop_gradient(value) - ema_value))
         if critic.ensemble_size > 1:
@@ -295,7 +343,8 @@ class CriticStep(FixedOptions):
         states themselves."""
         critics = self.critics()
         if not any(c.mlp.clips_inputs for c in critics.values()):
-            return _nonfinite(fast[next(iter(critics))][0])
+            # "core": the losses' own check (`_critic_losses`) covers the states.
+            return 0.0 if self.metrics == "core" else _nonfinite(fast[next(iter(critics))][0])
         return _nonfinite(h) + _nonfinite(z)
 
     def loss_parts(self, h, z, value_targets, loss_weights):
@@ -335,7 +384,8 @@ class CriticStep(FixedOptions):
         if ema is not None:
             ema = (steps_before_last(ema_value), steps_before_last(ema_logits))
         losses = self._critic_losses(critic, fast, ema, targets, weights)
-        losses["value_target_mean"] = ops.mean(targets)
+        if self.metrics == "all":
+            losses["value_target_mean"] = ops.mean(targets)
         if is_multi_critic(self.critic):
             # The stream's return statistics over the whole (data-parallel: gathered) batch.
             normalizer = self.critic.normalizers[stream]
@@ -396,7 +446,8 @@ class CriticStep(FixedOptions):
         if ema is not None:
             ema = (before_last(ema[0]), before_last(ema[1]))
         losses = self._critic_losses(critic, fast, ema, targets, 1.0 - is_last[:-1])
-        losses["value_target_mean"] = ops.mean(targets)
+        if self.metrics == "all":
+            losses["value_target_mean"] = ops.mean(targets)
         return losses
 
     def dream_and_replay_loss(self, h, z, rewards, continues, replay_h, replay_z, replay_rewards, is_last, is_terminal):
@@ -419,7 +470,8 @@ class CriticStep(FixedOptions):
         invalid = invalid + self._invalid_states(fast, replay_h, replay_z)
         losses.update({f"repval/{k}": v for k, v in replay.items()})
         losses["invalid_inputs"] = losses["invalid_inputs"] + replay["invalid_inputs"] + invalid
-        losses["nonfinite_targets"] = losses["nonfinite_targets"] + replay["nonfinite_targets"]
+        if "nonfinite_targets" in losses:
+            losses["nonfinite_targets"] = losses["nonfinite_targets"] + replay["nonfinite_targets"]
         total = total + self.replay_loss_weight * replay_total
         losses["total"] = total
         return total, losses
@@ -489,6 +541,9 @@ class CriticStep(FixedOptions):
                     due = ops.equal((self.steps - (1 if self.ema_update_first else 0)) % period, 0)
                     member.update_ema(decay=ops.where(due, member.ema_decay, 1.0))
 
+        if self.metrics == "core":  # (and the normalisers' batch statistics, which the update reads above)
+            metrics = {k: v for k, v in metrics.items() if k in CORE_METRICS or k.split("/")[-1] in _statistics(
+                critic)}
         optimizer_state = list(trainable) + list(self.optimizer.variables)
         bookkeeping_state = [self.steps] + list(critic.non_trainable_variables)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):

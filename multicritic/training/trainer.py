@@ -115,6 +115,9 @@ class CriticTrainer(CriticStep):
             non-finite gradients (`nonfinite_grads` = 1) or invalid inputs
             (`invalid_inputs` > 0: negative weights, continues outside
             [0, 1], non-finite states) is skipped whole (`step_skipped` = 1).
+        metrics: `"all"` (the default: every diagnostic below) or `"core"`
+            (the loss, the gradient norm and the guards' verdicts only; see
+            below). The same update either way.
 
     Each step returns a dict of scalar backend tensors: `total`,
     `value_nll`, `ema_regularizer`, `grad_norm` (before clipping),
@@ -123,7 +126,13 @@ class CriticTrainer(CriticStep):
     `nonfinite_grads`, `invalid_inputs`, `step_skipped`; an ensemble adds
     `member_spread`, and a `MultiCritic` each stream's metrics as
     `"stream/name"` (with its normaliser's batch statistics, e.g.
-    `return_low` / `return_high`).
+    `return_low` / `return_high`). `metrics="core"` returns only `total`,
+    `grad_norm` and `step_skipped` (with a `MultiCritic`'s normaliser
+    statistics): every diagnostic is a reduction or an output of its own, a
+    kernel or a copy each on a GPU, and a step that does not log them need
+    not pay for them. The update is the same either way: the guards still
+    run, and a negative weight or a non-finite state then skips the step
+    through its non-finite gradients.
 
     Example:
         >>> trainer = CriticTrainer(CriticNetwork(model_size="nano"))
@@ -153,6 +162,7 @@ class CriticTrainer(CriticStep):
         value_loss_weight: float = 1.0,
         replay_loss_weight: float = 0.3,
         replay_discount: float = 1.0 - 1.0 / 333,
+        metrics: str = "all",
     ):
         if not isinstance(critic, (CriticNetwork, MultiCritic)):
             raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic.")
@@ -162,7 +172,7 @@ class CriticTrainer(CriticStep):
             ema_regularizer=ema_regularizer, ema_targets=ema_targets, seed=seed, learning_rate=learning_rate,
             epsilon=epsilon, jit_compile=jit_compile, check_finite=check_finite, step_counter=step_counter,
             value_loss_weight=value_loss_weight, replay_loss_weight=replay_loss_weight,
-            replay_discount=replay_discount,
+            replay_discount=replay_discount, metrics=metrics,
         )
         self._compiled: Dict[str, Callable] = {}
         self._agreed_batches: Dict[str, dict] = {}  # per step kind, the batch shapes every host last agreed on

@@ -34,6 +34,9 @@ def _variants():
     from benchmarks import variants
 
     compiled = [{"jit_compile": True, "two_hot": "gather", "optimizer": "foreach"}] if BACKEND == "torch" else []
+    if BACKEND == "torch" and _module().DEVICE == "cuda":
+        # The whole step captured by hand as one CUDA graph (a GPU only: `benchmarks/gpu/run.sh` runs this file).
+        compiled.append({"jit_compile": "cuda_graph", "two_hot": "gather", "optimizer": "foreach"})
     return variants(_module()) + compiled
 
 
@@ -129,3 +132,11 @@ def test_native_step_matches_critic_trainer(variant):
             assert np.all(np.abs((g - b) - (w - b)) <= slack), (i, np.max(np.abs((g - b) - (w - b)) - slack))
         for g, w in zip(read("ema"), _flat(_layers(critic, True))):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's hand-captured step")
+def test_the_hand_captured_step_needs_a_cuda_device():
+    if _module().DEVICE == "cuda":
+        pytest.skip("a CUDA device: the step is compared with CriticTrainer's above")
+    with pytest.raises(ValueError, match="jit_compile: got 'cuda_graph' without a CUDA device"):
+        _module().make_step(8, 4, 1, jit_compile="cuda_graph")
