@@ -1,0 +1,114 @@
+"""Learning-curve plots (matplotlib PNG) of the real agents' result files, and their summary table.
+
+`sheeprl`: `benchmarks/agents/sheeprl_dreamer.py`'s JSON, one curve per critic (mean over seeds of the
+episodes' returns, binned by environment steps, with the seeds' min-max band), the resume marked.
+`ppo`: `benchmarks/agents/ppo_scales.py`'s JSON, one panel per task and head, one curve per reward scale
+(returns in the environment's own units), each backend a line style.
+
+    python benchmarks/agents/plot_curves.py sheeprl benchmarks/results/results_sheeprl_dreamer.json \\
+        benchmarks/results/results_sheeprl_dreamer.png
+    python benchmarks/agents/plot_curves.py ppo benchmarks/results/results_ppo_scales.json \\
+        benchmarks/results/results_ppo_scales.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+
+import numpy as np
+
+
+def binned(episodes, steps, bins):
+    """Mean return of the episodes ending in each of `bins` equal spans of `[0, steps]` (NaN where none)."""
+    edges = np.linspace(0, steps, bins + 1)
+    out = np.full(bins, np.nan)
+    if not episodes:
+        return edges[1:], out
+    at, returns = np.array(episodes, dtype=float).T
+    index = np.clip(np.searchsorted(edges, at, side="left") - 1, 0, bins - 1)
+    for b in range(bins):
+        if np.any(index == b):
+            out[b] = returns[index == b].mean()
+    return edges[1:], out
+
+
+def sheeprl_curves(results, bins=16):
+    """`{variant: (steps, mean over seeds, min, max, seeds)}` from the driver's runs (both halves joined)."""
+    steps, per_variant = results["steps"], {}
+    for key, halves in results["runs"].items():
+        variant, _ = key.split("/")
+        episodes = [e for half in halves for e in half["episodes"]]
+        per_variant.setdefault(variant, []).append(binned(episodes, steps, bins)[1])
+    edges = binned([], steps, bins)[0]
+    with warnings.catch_warnings():  # a span where no seed ended an episode stays NaN (a gap in the curve)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {v: (edges, np.nanmean(c, 0), np.nanmin(c, 0), np.nanmax(c, 0), len(c)) for v, c in per_variant.items()}
+
+
+def plot_sheeprl(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for variant, (x, mean, low, high, seeds) in sheeprl_curves(results).items():
+        (line,) = ax.plot(x, mean, label=f"{variant} ({seeds} seed{'s' * (seeds > 1)})")
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
+    ax.axvline(results["steps"] / 2, color="gray", linestyle=":", label="resume (sheeprl's checkpoint)")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("episode return")
+    ax.set_title(f"sheeprl DreamerV3 on {results['env']}: its critic and multicritic's")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_ppo(results, path, bins=20):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = results["runs"].values()
+    envs = sorted({r["env"] for r in runs})
+    heads = sorted({r["head"] for r in runs})
+    styles = dict(zip(sorted({r["backend"] for r in runs}), ("-", "--", ":")))
+    fig, axes = plt.subplots(len(envs), len(heads), figsize=(4.5 * len(heads), 3.2 * len(envs)), squeeze=False)
+    for (i, env), (j, head) in ((a, b) for a in enumerate(envs) for b in enumerate(heads)):
+        ax = axes[i][j]
+        for scale in sorted({r["reward_scale"] for r in runs}):
+            for backend, style in styles.items():
+                chosen = [r for r in runs if (r["env"], r["head"], r["reward_scale"], r["backend"]) ==
+                          (env, head, scale, backend)]
+                if not chosen:
+                    continue
+                curves = [binned(r["episodes"], r["steps"], bins) for r in chosen]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    x, mean = curves[0][0], np.nanmean([c for _, c in curves], 0)
+                ax.plot(x, mean, style, color=f"C{int(np.log10(scale)) // 3}",
+                        label=f"x{scale:g} {backend} ({len(chosen)})")
+        ax.set_title(f"{env}, {head}")
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel("return")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=("sheeprl", "ppo"))
+    parser.add_argument("results")
+    parser.add_argument("png")
+    args = parser.parse_args(argv)
+    with open(args.results) as f:
+        results = json.load(f)
+    (plot_sheeprl if args.kind == "sheeprl" else plot_ppo)(results, args.png)
+
+
+if __name__ == "__main__":
+    main()

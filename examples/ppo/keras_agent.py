@@ -1,0 +1,169 @@
+"""PPO on a Gymnasium task with multicritic's critic as the value function: one Keras program, every backend.
+
+Proximal Policy Optimization (Schulman et al. 2017), in the recipe of
+CleanRL's `ppo.py` (vectorised environments, GAE, clipped surrogate,
+advantages normalised per minibatch, entropy bonus), with the value function
+replaced by a `CriticNetwork` trained by `CriticTrainer` on the GAE returns
+(its slow-critic regulariser included): the setting of Sullivan et al.,
+"Reward Scale Robustness for Proximal Policy Optimization via DreamerV3
+Tricks" (NeurIPS 2023). Rewards are multiplied by `--reward-scale` and never
+normalised: a symlog two-hot critic should learn the same at 1, 1e3 and 1e6.
+The state is the critic's `h` (`gru_units` = the observation's size) and a
+constant one-hot `z` of one class.
+
+The actor is a Keras model trained with `train_on_batch` (its PPO loss in
+`keras.ops`), the critic a multicritic trainer step: the same program runs
+on TensorFlow, PyTorch and JAX (`KERAS_BACKEND`).
+
+    KERAS_BACKEND=jax python examples/ppo/keras_agent.py --env CartPole-v1 --head two_hot \\
+        --reward-scale 1000 --steps 100000 --seed 1 --json run.json
+
+Prints the episodes' returns (in the environment's own units) as it goes;
+`--json` gets the whole curve (rewritten every update).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import gymnasium as gym
+import keras
+import numpy as np
+from keras import ops
+
+from multicritic import CriticNetwork, CriticTrainer, inverse_symlog
+
+# One set of hyperparameters for every task, scale and head (CleanRL's PPO for classic control).
+HYPERPARAMETERS = dict(envs=4, rollout=128, epochs=4, minibatches=4, gamma=0.99, gae_lambda=0.95, clip=0.2,
+                       entropy=0.01, actor_lr=2.5e-4, critic_lr=2.5e-4, units=64)
+
+
+def ppo_loss(y_true, logits):
+    """The clipped surrogate with an entropy bonus; `y_true` packs `[action, advantage, old log-prob]`."""
+    action = ops.cast(y_true[:, 0], "int32")
+    advantage, old_logp = y_true[:, 1], y_true[:, 2]
+    logp_all = ops.log_softmax(logits)
+    logp = ops.take_along_axis(logp_all, action[:, None], axis=1)[:, 0]
+    ratio = ops.exp(logp - old_logp)
+    clipped = ops.clip(ratio, 1.0 - HYPERPARAMETERS["clip"], 1.0 + HYPERPARAMETERS["clip"])
+    surrogate = ops.minimum(ratio * advantage, clipped * advantage)
+    entropy = -ops.sum(ops.exp(logp_all) * logp_all, axis=-1)
+    return -ops.mean(surrogate) - HYPERPARAMETERS["entropy"] * ops.mean(entropy)
+
+
+def make_actor(obs_size, actions, units):
+    inputs = keras.Input((obs_size,))
+    x = keras.layers.Dense(units, activation="tanh")(inputs)
+    x = keras.layers.Dense(units, activation="tanh")(x)
+    actor = keras.Model(inputs, keras.layers.Dense(actions, kernel_initializer=keras.initializers.Orthogonal(0.01))(x))
+    actor.compile(optimizer=keras.optimizers.Adam(HYPERPARAMETERS["actor_lr"], epsilon=1e-5, clipnorm=0.5),
+                  loss=ppo_loss)
+    return actor
+
+
+def make_critic(obs_size, head, units, seed):
+    critic = CriticNetwork(model_size=None, gru_units=obs_size, num_z_categoricals=1, num_z_classes=1,
+                           num_dense_layers=2, dense_hidden_units=units, head=head)
+    trainer = CriticTrainer(critic, learning_rate=HYPERPARAMETERS["critic_lr"], grad_clip=0.5 * 100, seed=seed,
+                            metrics="core")
+    return critic, trainer
+
+
+def values(critic, obs):
+    """The critic's real-space values of observations `[N, obs]`."""
+    z = np.ones((obs.shape[0], 1, 1), "float32")
+    value_symlog, _ = critic(obs, z)
+    return np.asarray(keras.ops.convert_to_numpy(inverse_symlog(value_symlog)), "float64")
+
+
+def gae(rewards, dones, value, last_value, gamma, lam):
+    """Generalised advantage estimates `[T, E]` and the returns they imply (advantage + value)."""
+    advantages = np.zeros_like(rewards)
+    running = np.zeros(rewards.shape[1])
+    for t in reversed(range(len(rewards))):
+        next_value = last_value if t == len(rewards) - 1 else value[t + 1]
+        live = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_value * live - value[t]
+        running = delta + gamma * lam * live * running
+        advantages[t] = running
+    return advantages, advantages + value
+
+
+def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
+    """Runs PPO; returns `{"episodes": [[env step, return], ...], "seconds": ...}` (returns unscaled)."""
+    hp = HYPERPARAMETERS
+    keras.utils.set_random_seed(seed)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(hp["envs"])],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs_size, actions = int(envs.single_observation_space.shape[0]), int(envs.single_action_space.n)
+    actor = make_actor(obs_size, actions, hp["units"])
+    critic, trainer = make_critic(obs_size, head, hp["units"], seed)
+    rng = np.random.default_rng(seed)
+    obs, _ = envs.reset(seed=seed)
+    record = {"env": env_id, "head": head, "reward_scale": reward_scale, "seed": seed, "steps": steps,
+              "backend": keras.backend.backend(), "hyperparameters": hp, "episodes": []}
+    start, step = time.perf_counter(), 0
+    T, E = hp["rollout"], hp["envs"]
+    while step < steps:
+        buf = {k: np.zeros((T, E) + s, d) for k, s, d in
+               (("obs", (obs_size,), "float32"), ("action", (), "int64"), ("logp", (), "float32"),
+                ("reward", (), "float64"), ("done", (), "float64"), ("value", (), "float64"))}
+        for t in range(T):
+            logits = np.asarray(keras.ops.convert_to_numpy(actor(obs.astype("float32"))), "float64")
+            logp_all = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+                - logits.max(-1, keepdims=True)
+            action = np.array([rng.choice(actions, p=np.exp(row)) for row in logp_all])
+            buf["obs"][t], buf["action"][t] = obs, action
+            buf["logp"][t] = logp_all[np.arange(E), action]
+            buf["value"][t] = values(critic, obs.astype("float32"))
+            obs, reward, terminated, truncated, info = envs.step(action)
+            # A truncated episode bootstraps from its last observation's value (CleanRL treats it as an end).
+            buf["reward"][t], buf["done"][t] = reward * reward_scale, np.logical_or(terminated, truncated)
+            step += E
+            if "episode" in info:
+                for i in np.flatnonzero(info["_episode"]):
+                    record["episodes"].append([step, float(info["episode"]["r"][i])])
+        advantages, returns = gae(buf["reward"], buf["done"], buf["value"], values(critic, obs.astype("float32")),
+                                  hp["gamma"], hp["gae_lambda"])
+        flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
+        adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
+        z = np.ones((T * E, 1, 1), "float32")
+        size = T * E // hp["minibatches"]
+        for _ in range(hp["epochs"]):
+            order = rng.permutation(T * E)
+            for i in range(hp["minibatches"]):
+                idx = order[i * size:(i + 1) * size]
+                a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
+                y = np.stack([flat["action"][idx], a, flat["logp"][idx]], -1).astype("float32")
+                actor.train_on_batch(flat["obs"][idx], y)
+                trainer.train_step(flat["obs"][idx], z[idx], ret[idx], np.ones(size, "float32"))
+        recent = [r for _, r in record["episodes"][-20:]]
+        log(f"{env_id} {head} x{reward_scale:g} seed {seed} [{keras.backend.backend()}]: step {step}, "
+            f"return {np.mean(recent) if recent else float('nan'):.1f} (last 20 episodes)")
+        record["seconds"] = time.perf_counter() - start
+        if json_path:
+            with open(json_path + ".tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(json_path + ".tmp", json_path)
+    envs.close()
+    return record
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--head", default="two_hot", help="the critic's head")
+    parser.add_argument("--reward-scale", type=float, default=1.0)
+    parser.add_argument("--steps", type=int, default=100_000, help="environment steps")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    return train(args.env, args.head, args.reward_scale, args.steps, args.seed, args.json)
+
+
+if __name__ == "__main__":
+    main()
