@@ -75,7 +75,7 @@ def plot_ppo(results, path, bins=20):
     runs = results["runs"].values()
     envs = sorted({r["env"] for r in runs})
     heads = sorted({r["head"] for r in runs})
-    styles = dict(zip(sorted({r["backend"] for r in runs}), ("-", "--", ":")))
+    styles = dict(zip(sorted({r["backend"] for r in runs}), ("-", "--", ":", "-.")))
     fig, axes = plt.subplots(len(envs), len(heads), figsize=(4.5 * len(heads), 3.2 * len(envs)), squeeze=False)
     for (i, env), (j, head) in ((a, b) for a in enumerate(envs) for b in enumerate(heads)):
         ax = axes[i][j]

@@ -1,12 +1,12 @@
 """Learning curves of PPO with multicritic's critic at reward scales 1, 1e3 and 1e6, per head and backend.
 
-Runs `examples/ppo/keras_agent.py` (one Keras program; `KERAS_BACKEND` picks the backend) over a grid of
-backends x tasks x value heads x reward scales x seeds, one process per run, `--workers` at a time (one
+Runs `examples/ppo/keras_agent.py` (one Keras program; `KERAS_BACKEND` picks the backend; `torch-loop`:
+`examples/ppo/torch_agent.py`, a PyTorch user's own loop) over a grid of backends x tasks x value heads x reward scales x seeds, one process per run, `--workers` at a time (one
 thread each), and merges every run's curve into `--json` as it goes (runs already there are skipped, so a
 grid can be split over sessions). One set of hyperparameters for every run
 (`keras_agent.HYPERPARAMETERS`), no reward normalisation.
 
-    python benchmarks/agents/ppo_scales.py --backends jax torch tensorflow --envs CartPole-v1 Acrobot-v1 \\
+    python benchmarks/agents/ppo_scales.py --backends jax torch tensorflow torch-loop --envs CartPole-v1 Acrobot-v1 \\
         --heads two_hot hl_gauss --scales 1 1000 1000000 --seeds 1 2 3 --steps 100000 --workers 2 \\
         --json benchmarks/results/results_ppo_scales.json
 """
@@ -25,7 +25,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-AGENT = os.path.join(ROOT, "examples", "ppo", "keras_agent.py")
+# A grid's "backend": a Keras backend running the Keras agent, or "torch-loop", the PyTorch user's agent
+# (examples/ppo/torch_agent.py: its own torch.optim loop around the critic's modules).
+AGENTS = {"torch-loop": ("torch", "torch_agent.py")}
+
+
+def agent(backend):
+    """`(KERAS_BACKEND, the agent's path)` of a grid's backend."""
+    keras_backend, script = AGENTS.get(backend, (backend, "keras_agent.py"))
+    return keras_backend, os.path.join(ROOT, "examples", "ppo", script)
 
 
 def key(backend, env, head, scale, seed):
@@ -36,9 +44,10 @@ def run_one(backend, env, head, scale, seed, steps, log):
     """One run in its own process; returns its record (the agent's JSON)."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "run.json")
-        command = [sys.executable, AGENT, "--env", env, "--head", head, "--reward-scale", str(scale),
+        keras_backend, script = agent(backend)
+        command = [sys.executable, script, "--env", env, "--head", head, "--reward-scale", str(scale),
                    "--steps", str(steps), "--seed", str(seed), "--json", out]
-        env_vars = {**os.environ, "KERAS_BACKEND": backend, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        env_vars = {**os.environ, "KERAS_BACKEND": keras_backend, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                     "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
                     "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
                     "PYTHONUNBUFFERED": "1"}

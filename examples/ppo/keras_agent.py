@@ -141,20 +141,26 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
                 y = np.stack([flat["action"][idx], a, flat["logp"][idx]], -1).astype("float32")
                 actor.train_on_batch(flat["obs"][idx], y)
                 trainer.train_step(flat["obs"][idx], z[idx], ret[idx], np.ones(size, "float32"))
-        recent = [r for _, r in record["episodes"][-20:]]
-        log(f"{env_id} {head} x{reward_scale:g} seed {seed} [{keras.backend.backend()}]: step {step}, "
-            f"return {np.mean(recent) if recent else float('nan'):.1f} (last 20 episodes)")
-        record["seconds"] = time.perf_counter() - start
-        if json_path:
-            with open(json_path + ".tmp", "w") as f:
-                json.dump(record, f)
-            os.replace(json_path + ".tmp", json_path)
+        report(record, step, start, json_path, log)
     envs.close()
     return record
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def report(record, step, start, json_path, log):
+    """After an update: the last 20 episodes' mean return on the log, the record to `json_path`."""
+    recent = [r for _, r in record["episodes"][-20:]]
+    log(f"{record['env']} {record['head']} x{record['reward_scale']:g} seed {record['seed']} [{record['backend']}]: "
+        f"step {step}, return {np.mean(recent) if recent else float('nan'):.1f} (last 20 episodes)")
+    record["seconds"] = time.perf_counter() - start
+    if json_path:
+        with open(json_path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(json_path + ".tmp", json_path)
+
+
+def main(argv=None, train=train, doc=__doc__):
+    """The agents' command line: `train(env, head, reward_scale, steps, seed, json)`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--head", default="two_hot", help="the critic's head")
     parser.add_argument("--reward-scale", type=float, default=1.0)

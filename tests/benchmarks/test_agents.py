@@ -13,16 +13,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytest.importorskip("gymnasium")
 
 
-def test_ppo_driver_writes_each_runs_curve(tmp_path):
+@pytest.mark.parametrize("agent", ["keras", "torch-loop"])
+def test_ppo_driver_writes_each_runs_curve(tmp_path, agent):
+    if agent == "torch-loop" and BACKEND != "torch":
+        pytest.skip("the PyTorch user's agent runs in the PyTorch session")
+    backend = BACKEND if agent == "keras" else agent
     out = tmp_path / "ppo.json"
-    command = [sys.executable, os.path.join(ROOT, "benchmarks", "agents", "ppo_scales.py"), "--backends", BACKEND,
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "agents", "ppo_scales.py"), "--backends", backend,
                "--envs", "CartPole-v1", "--heads", "two_hot", "--scales", "1000", "--seeds", "3", "--steps", "512",
                "--workers", "1", "--json", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
-    record = runs[f"{BACKEND}/CartPole-v1/two_hot/1000/3"]
-    assert record["backend"] == BACKEND and record["reward_scale"] == 1000.0 and record["steps"] == 512
+    record = runs[f"{backend}/CartPole-v1/two_hot/1000/3"]
+    assert record["backend"] == (BACKEND if agent == "keras" else "torch (its own loop)") and record["reward_scale"] == 1000.0 and record["steps"] == 512
     # CartPole's returns in its own units (1 a step, unscaled), at increasing environment steps.
     steps = [s for s, _ in record["episodes"]]
     assert record["episodes"] and steps == sorted(steps) and steps[-1] <= 512

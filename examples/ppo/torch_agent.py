@@ -1,0 +1,114 @@
+"""PPO as a PyTorch user writes it, with multicritic's critic as the value function.
+
+The actor is an `nn.Sequential`; the critic is a `CriticNetwork` used through its
+PyTorch views (`fast_module`, `ema_module`: `nn.Module`s over the critic's own
+tensors), trained by the user's own `torch.optim.Adam` loop on
+`multicritic.critic_loss` (two-hot NLL plus the slow-critic regulariser), with
+`critic.update_ema()` after each step. Hyperparameters, rollouts and GAE are
+`keras_agent.py`'s (the same experiment, another framework's idiom).
+
+    KERAS_BACKEND=torch python examples/ppo/torch_agent.py --env CartPole-v1 --head two_hot \\
+        --reward-scale 1000 --steps 100000 --seed 1 --json run.json
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from multicritic import CriticNetwork, critic_loss, inverse_symlog  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from keras_agent import HYPERPARAMETERS, gae, main, report  # noqa: E402
+
+
+def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
+    hp = HYPERPARAMETERS
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(hp["envs"])],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs_size, actions = int(envs.single_observation_space.shape[0]), int(envs.single_action_space.n)
+    actor = nn.Sequential(nn.Linear(obs_size, hp["units"]), nn.Tanh(), nn.Linear(hp["units"], hp["units"]),
+                          nn.Tanh(), nn.Linear(hp["units"], actions))
+    nn.init.orthogonal_(actor[-1].weight, 0.01)
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=hp["actor_lr"], eps=1e-5)
+    critic = CriticNetwork(model_size=None, gru_units=obs_size, num_z_categoricals=1, num_z_classes=1,
+                           num_dense_layers=2, dense_hidden_units=hp["units"], head=head)
+    critic(np.zeros((1, obs_size), "float32"), np.ones((1, 1, 1), "float32"))  # built: its views exist
+    fast, slow = critic.fast_module(outputs="both"), critic.ema_module(outputs="both")
+    critic_opt = torch.optim.Adam(fast.parameters(), lr=hp["critic_lr"], eps=1e-5)
+
+    def latent(obs):  # the critic's input: h = the observation, z = one constant class
+        obs = torch.as_tensor(obs, dtype=torch.float32)
+        return torch.cat([obs, torch.ones(obs.shape[0], 1)], -1)
+
+    def values(obs):
+        with torch.no_grad():
+            return inverse_symlog(fast(latent(obs))[0]).double().numpy()
+
+    obs, _ = envs.reset(seed=seed)
+    record = {"env": env_id, "head": head, "reward_scale": reward_scale, "seed": seed, "steps": steps,
+              "backend": "torch (its own loop)", "hyperparameters": hp, "episodes": []}
+    start, step, T, E = time.perf_counter(), 0, hp["rollout"], hp["envs"]
+    while step < steps:
+        buf = {k: np.zeros((T, E) + s, d) for k, s, d in
+               (("obs", (obs_size,), "float32"), ("action", (), "int64"), ("logp", (), "float32"),
+                ("reward", (), "float64"), ("done", (), "float64"), ("value", (), "float64"))}
+        for t in range(T):
+            with torch.no_grad():
+                dist = torch.distributions.Categorical(logits=actor(torch.as_tensor(obs, dtype=torch.float32)))
+                action = dist.sample()
+            buf["obs"][t], buf["action"][t], buf["logp"][t] = obs, action.numpy(), dist.log_prob(action).numpy()
+            buf["value"][t] = values(obs)
+            obs, reward, terminated, truncated, info = envs.step(action.numpy())
+            buf["reward"][t], buf["done"][t] = reward * reward_scale, np.logical_or(terminated, truncated)
+            step += E
+            if "episode" in info:
+                for i in np.flatnonzero(info["_episode"]):
+                    record["episodes"].append([step, float(info["episode"]["r"][i])])
+        advantages, returns = gae(buf["reward"], buf["done"], buf["value"], values(obs), hp["gamma"],
+                                  hp["gae_lambda"])
+        flat = {k: torch.as_tensor(v.reshape((T * E,) + v.shape[2:])) for k, v in buf.items()}
+        adv = torch.as_tensor(advantages.reshape(-1), dtype=torch.float32)
+        ret = torch.as_tensor(returns.reshape(-1), dtype=torch.float32)
+        size = T * E // hp["minibatches"]
+        for _ in range(hp["epochs"]):
+            order = torch.as_tensor(rng.permutation(T * E))
+            for i in range(hp["minibatches"]):
+                idx = order[i * size:(i + 1) * size]
+                a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
+                dist = torch.distributions.Categorical(logits=actor(flat["obs"][idx]))
+                ratio = torch.exp(dist.log_prob(flat["action"][idx]) - flat["logp"][idx])
+                surrogate = torch.min(ratio * a, ratio.clamp(1 - hp["clip"], 1 + hp["clip"]) * a)
+                actor_loss = -surrogate.mean() - hp["entropy"] * dist.entropy().mean()
+                actor_opt.zero_grad()
+                actor_loss.backward()
+                nn.utils.clip_grad_norm_(actor.parameters(), 0.5)
+                actor_opt.step()
+                x = latent(flat["obs"][idx])
+                _, logits = fast(x)
+                with torch.no_grad():
+                    ema_value, _ = slow(x)
+                loss = critic_loss(logits, ret[idx], ema_value, torch.ones(size), **critic.loss_options())["total"]
+                critic_opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(fast.parameters(), 50.0)
+                critic_opt.step()
+                critic.update_ema()
+        report(record, step, start, json_path, log)
+    envs.close()
+    return record
+
+
+if __name__ == "__main__":
+    main(train=train, doc=__doc__)
