@@ -1,14 +1,15 @@
 """Learning curves of PPO with multicritic's critic at reward scales 1, 1e3 and 1e6, per head and backend.
 
-Runs `examples/ppo/keras_agent.py` (one Keras program; `KERAS_BACKEND` picks the backend; `torch-loop`:
-`examples/ppo/torch_agent.py`, a PyTorch user's own loop) over a grid of backends x tasks x value heads x reward scales x seeds, one process per run, `--workers` at a time (one
-thread each), and merges every run's curve into `--json` as it goes (runs already there are skipped, so a
-grid can be split over sessions). One set of hyperparameters for every run
-(`keras_agent.HYPERPARAMETERS`), no reward normalisation.
+Runs a PPO agent over a grid of backends x tasks x value heads x reward scales x seeds, one process per
+run, `--workers` at a time (one thread each), and merges every run's curve into `--json` as it goes (runs
+already there are skipped, so a grid can be split over sessions). A backend of the grid is a Keras backend
+running `examples/ppo/keras_agent.py` (one Keras program), `torch-loop` (`examples/ppo/torch_agent.py`, a
+PyTorch user's own loop) or `jax-jit` (`examples/ppo/jax_agent.py`, a JAX user's). One set of
+hyperparameters for every run (`keras_agent.HYPERPARAMETERS`), no reward normalisation.
 
-    python benchmarks/agents/ppo_scales.py --backends jax torch tensorflow torch-loop --envs CartPole-v1 Acrobot-v1 \\
-        --heads two_hot hl_gauss --scales 1 1000 1000000 --seeds 1 2 3 --steps 100000 --workers 2 \\
-        --json benchmarks/results/results_ppo_scales.json
+    python benchmarks/agents/ppo_scales.py --backends jax torch tensorflow torch-loop jax-jit \
+        --envs CartPole-v1 Acrobot-v1 --heads two_hot hl_gauss --scales 1 1000 1000000 --seeds 1 2 3 \
+        --steps 100000 --workers 2 --json benchmarks/results/results_ppo_scales.json
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# A grid's "backend": a Keras backend running the Keras agent, or "torch-loop", the PyTorch user's agent
-# (examples/ppo/torch_agent.py: its own torch.optim loop around the critic's modules).
-AGENTS = {"torch-loop": ("torch", "torch_agent.py")}
+# A grid's "backend": a Keras backend running the Keras agent, "torch-loop", the PyTorch user's agent
+# (examples/ppo/torch_agent.py: its own torch.optim loop around the critic's modules), or "jax-jit", the JAX
+# user's (examples/ppo/jax_agent.py: jax.jit and optax over the critic's pure functions).
+AGENTS = {"torch-loop": ("torch", "torch_agent.py"), "jax-jit": ("jax", "jax_agent.py")}
 
 
 def agent(backend):

@@ -79,6 +79,39 @@ def values(critic, obs):
     return np.asarray(keras.ops.convert_to_numpy(inverse_symlog(value_symlog)), "float64")
 
 
+def start_run(env_id, head, reward_scale, steps, seed, backend):
+    """`(envs, observations, observation size, actions, record)`: `HYPERPARAMETERS["envs"]` environments
+    (episode statistics recorded, reset with `seed`) and the run's record (its curve goes in `episodes`)."""
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(HYPERPARAMETERS["envs"])],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs, _ = envs.reset(seed=seed)
+    record = {"env": env_id, "head": head, "reward_scale": reward_scale, "seed": seed, "steps": steps,
+              "backend": backend, "hyperparameters": HYPERPARAMETERS, "episodes": []}
+    return envs, obs, int(envs.single_observation_space.shape[0]), int(envs.single_action_space.n), record
+
+
+def rollout_buffer(steps, envs, obs_size, action_dtype):
+    """Zeroed `[steps, envs, ...]` arrays of a rollout: observations, actions, their log-probabilities, the
+    (scaled) rewards, episode ends and the critic's values."""
+    shapes = {"obs": ((obs_size,), "float32"), "action": ((), action_dtype), "logp": ((), "float32"),
+              "reward": ((), "float64"), "done": ((), "float64"), "value": ((), "float64")}
+    return {k: np.zeros((steps, envs) + shape, dtype) for k, (shape, dtype) in shapes.items()}
+
+
+def env_step(envs, action, buf, t, reward_scale, record, step):
+    """Steps the environments: the scaled rewards and episode ends into `buf[t]`, each finished episode's return
+    (unscaled) into `record`; returns `(observations, environment steps so far)`."""
+    obs, reward, terminated, truncated, info = envs.step(action)
+    # A truncated episode counts as an end, as in CleanRL's PPO (no bootstrap from its last observation).
+    buf["reward"][t], buf["done"][t] = reward * reward_scale, np.logical_or(terminated, truncated)
+    step += len(action)
+    if "episode" in info:
+        for i in np.flatnonzero(info["_episode"]):
+            record["episodes"].append([step, float(info["episode"]["r"][i])])
+    return obs, step
+
+
 def gae(rewards, dones, value, last_value, gamma, lam):
     """Generalised advantage estimates `[T, E]` and the returns they imply (advantage + value)."""
     advantages = np.zeros_like(rewards)
@@ -96,22 +129,15 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     """Runs PPO; returns `{"episodes": [[env step, return], ...], "seconds": ...}` (returns unscaled)."""
     hp = HYPERPARAMETERS
     keras.utils.set_random_seed(seed)
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(hp["envs"])],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    obs_size, actions = int(envs.single_observation_space.shape[0]), int(envs.single_action_space.n)
+    envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed,
+                                                     keras.backend.backend())
     actor = make_actor(obs_size, actions, hp["units"])
     critic, trainer = make_critic(obs_size, head, hp["units"], seed)
     rng = np.random.default_rng(seed)
-    obs, _ = envs.reset(seed=seed)
-    record = {"env": env_id, "head": head, "reward_scale": reward_scale, "seed": seed, "steps": steps,
-              "backend": keras.backend.backend(), "hyperparameters": hp, "episodes": []}
     start, step = time.perf_counter(), 0
     T, E = hp["rollout"], hp["envs"]
     while step < steps:
-        buf = {k: np.zeros((T, E) + s, d) for k, s, d in
-               (("obs", (obs_size,), "float32"), ("action", (), "int64"), ("logp", (), "float32"),
-                ("reward", (), "float64"), ("done", (), "float64"), ("value", (), "float64"))}
+        buf = rollout_buffer(T, E, obs_size, "int64")
         for t in range(T):
             logits = np.asarray(keras.ops.convert_to_numpy(actor(obs.astype("float32"))), "float64")
             logp_all = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
@@ -120,13 +146,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
             buf["obs"][t], buf["action"][t] = obs, action
             buf["logp"][t] = logp_all[np.arange(E), action]
             buf["value"][t] = values(critic, obs.astype("float32"))
-            obs, reward, terminated, truncated, info = envs.step(action)
-            # A truncated episode bootstraps from its last observation's value (CleanRL treats it as an end).
-            buf["reward"][t], buf["done"][t] = reward * reward_scale, np.logical_or(terminated, truncated)
-            step += E
-            if "episode" in info:
-                for i in np.flatnonzero(info["_episode"]):
-                    record["episodes"].append([step, float(info["episode"]["r"][i])])
+            obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
         advantages, returns = gae(buf["reward"], buf["done"], buf["value"], values(critic, obs.astype("float32")),
                                   hp["gamma"], hp["gae_lambda"])
         flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}

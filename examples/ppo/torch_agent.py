@@ -19,7 +19,6 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
-import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -27,17 +26,16 @@ from torch import nn  # noqa: E402
 from multicritic import CriticNetwork, critic_loss, inverse_symlog  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from keras_agent import HYPERPARAMETERS, gae, main, report  # noqa: E402
+from keras_agent import (HYPERPARAMETERS, env_step, gae, main, report, rollout_buffer,  # noqa: E402
+                         start_run)
 
 
 def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     hp = HYPERPARAMETERS
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(hp["envs"])],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    obs_size, actions = int(envs.single_observation_space.shape[0]), int(envs.single_action_space.n)
+    envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed,
+                                                     "torch (its own loop)")
     actor = nn.Sequential(nn.Linear(obs_size, hp["units"]), nn.Tanh(), nn.Linear(hp["units"], hp["units"]),
                           nn.Tanh(), nn.Linear(hp["units"], actions))
     nn.init.orthogonal_(actor[-1].weight, 0.01)
@@ -56,26 +54,16 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
         with torch.no_grad():
             return inverse_symlog(fast(latent(obs))[0]).double().numpy()
 
-    obs, _ = envs.reset(seed=seed)
-    record = {"env": env_id, "head": head, "reward_scale": reward_scale, "seed": seed, "steps": steps,
-              "backend": "torch (its own loop)", "hyperparameters": hp, "episodes": []}
     start, step, T, E = time.perf_counter(), 0, hp["rollout"], hp["envs"]
     while step < steps:
-        buf = {k: np.zeros((T, E) + s, d) for k, s, d in
-               (("obs", (obs_size,), "float32"), ("action", (), "int64"), ("logp", (), "float32"),
-                ("reward", (), "float64"), ("done", (), "float64"), ("value", (), "float64"))}
+        buf = rollout_buffer(T, E, obs_size, "int64")
         for t in range(T):
             with torch.no_grad():
                 dist = torch.distributions.Categorical(logits=actor(torch.as_tensor(obs, dtype=torch.float32)))
                 action = dist.sample()
             buf["obs"][t], buf["action"][t], buf["logp"][t] = obs, action.numpy(), dist.log_prob(action).numpy()
             buf["value"][t] = values(obs)
-            obs, reward, terminated, truncated, info = envs.step(action.numpy())
-            buf["reward"][t], buf["done"][t] = reward * reward_scale, np.logical_or(terminated, truncated)
-            step += E
-            if "episode" in info:
-                for i in np.flatnonzero(info["_episode"]):
-                    record["episodes"].append([step, float(info["episode"]["r"][i])])
+            obs, step = env_step(envs, action.numpy(), buf, t, reward_scale, record, step)
         advantages, returns = gae(buf["reward"], buf["done"], buf["value"], values(obs), hp["gamma"],
                                   hp["gae_lambda"])
         flat = {k: torch.as_tensor(v.reshape((T * E,) + v.shape[2:])) for k, v in buf.items()}

@@ -13,10 +13,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytest.importorskip("gymnasium")
 
 
-@pytest.mark.parametrize("agent", ["keras", "torch-loop"])
+# The Keras agent on every backend; the PyTorch and JAX users' own agents in their framework's session.
+OWN = {"torch-loop": ("torch", "torch (its own loop)"), "jax-jit": ("jax", "jax (its own jit)")}
+
+
+@pytest.mark.parametrize("agent", ["keras", *OWN])
 def test_ppo_driver_writes_each_runs_curve(tmp_path, agent):
-    if agent == "torch-loop" and BACKEND != "torch":
-        pytest.skip("the PyTorch user's agent runs in the PyTorch session")
+    if agent in OWN and OWN[agent][0] != BACKEND:
+        pytest.skip(f"{agent} runs in the {OWN[agent][0]} session")
     backend = BACKEND if agent == "keras" else agent
     out = tmp_path / "ppo.json"
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "agents", "ppo_scales.py"), "--backends", backend,
@@ -26,7 +30,7 @@ def test_ppo_driver_writes_each_runs_curve(tmp_path, agent):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     record = runs[f"{backend}/CartPole-v1/two_hot/1000/3"]
-    assert record["backend"] == (BACKEND if agent == "keras" else "torch (its own loop)") and record["reward_scale"] == 1000.0 and record["steps"] == 512
+    assert record["backend"] == (BACKEND if agent == "keras" else OWN[agent][1]) and record["reward_scale"] == 1000.0 and record["steps"] == 512
     # CartPole's returns in its own units (1 a step, unscaled), at increasing environment steps.
     steps = [s for s, _ in record["episodes"]]
     assert record["episodes"] and steps == sorted(steps) and steps[-1] <= 512
