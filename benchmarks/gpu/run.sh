@@ -77,7 +77,7 @@ part launch_cost 20 torch python3 -c "
 import json, sys
 from benchmarks.device_profile import launch_costs
 json.dump(launch_costs(), open(sys.argv[-1], 'w'))
-print(open(sys.argv[-1]).read())" --json
+print(open(sys.argv[-1]).read())"
 step() {  # step BACKEND SIZE PRECISION SECONDS BATCH... (one process per case; PyTorch: per batch)
   local backend=$1 size=$2 precision=$3 limit=$4
   shift 4
