@@ -65,12 +65,12 @@ def _before_last(x, members):
     return x[:, :-1] if members else x[:-1]
 
 
-
 # `metrics=`: "all" computes every diagnostic; "core" only what the step's guards need anyway.
 METRICS = ("all", "core")
 # What a "core" step returns: the loss, the gradient norm and whether the step was skipped (each guard's own
 # verdict is a further output, a copy or a kernel of its own).
 CORE_METRICS = ("total", "grad_norm", "step_skipped")
+
 
 def _check_optimizer(optimizer, grad_clip):
     """A Keras optimizer (or None) that does not clip on its own when the step clips, else a `ValueError`."""
@@ -304,7 +304,7 @@ class CriticStep(FixedOptions):
         targets = self._like(value_targets, value)
         core = self.metrics == "core"
         if core:
-            # Negative (or NaN) weights make the total NaN, which the guard reads (no reduction of its own).
+            # A negative (or NaN) weight becomes NaN, inside the loss's own sum (see below).
             loss_weights = ops.where(loss_weights >= 0.0, loss_weights, float("nan"))
         losses = critic_loss(
             logits,
