@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -184,8 +185,11 @@ def main(argv=None):
     def one(variant, seed):
         key = f"{variant}/{seed}"
         halves = results["runs"].setdefault(key, [])
-        if len(halves) == 1 and not os.path.isdir(os.path.join(work, f"{variant}-{seed}")):
+        log_root = os.path.join(work, f"{variant}-{seed}")
+        if len(halves) == 1 and not os.path.isdir(log_root):
             halves.clear()  # its checkpoint is gone: run it again whole
+        if not halves and os.path.isdir(log_root):
+            shutil.rmtree(log_root)  # an interrupted first half's files: the second half takes the one checkpoint
         for half in range(len(halves), 2):
             halves.append(run_half(variant, seed, args.steps, half, work, args.env, log, rest))
             save()
