@@ -23,11 +23,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from multicritic import CriticNetwork, critic_loss, inverse_symlog  # noqa: E402
+from multicritic import critic_loss, inverse_symlog  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from keras_agent import (HYPERPARAMETERS, env_step, gae, main, report, rollout_buffer,  # noqa: E402
-                         start_run)
+                         start_run, value_network)
 
 
 def actor_init(key, sizes):
@@ -54,12 +54,10 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     actor = actor_init(jax.random.PRNGKey(seed), [obs_size, hp["units"], hp["units"], actions])
     actor_tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(hp["actor_lr"], eps=1e-5))
     actor_state = actor_tx.init(actor)
-    critic = CriticNetwork(model_size=None, gru_units=obs_size, num_z_categoricals=1, num_z_classes=1,
-                           num_dense_layers=2, dense_hidden_units=hp["units"], head=head)
-    critic(np.zeros((1, obs_size), "float32"), np.ones((1, 1, 1), "float32"))
+    critic = value_network(obs_size, head, hp["units"])
     fast = [v.value for v in critic.trainable_variables]
     ema = [v.value for v in critic.non_trainable_variables]
-    critic_tx = optax.chain(optax.clip_by_global_norm(50.0), optax.adam(hp["critic_lr"], eps=1e-5))
+    critic_tx = optax.chain(optax.clip_by_global_norm(hp["critic_clip"]), optax.adam(hp["critic_lr"], eps=1e-5))
     critic_state = critic_tx.init(fast)
     options = critic.loss_options()
 

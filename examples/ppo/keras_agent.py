@@ -38,7 +38,7 @@ from multicritic import CriticNetwork, CriticTrainer, inverse_symlog
 
 # One set of hyperparameters for every task, scale and head (CleanRL's PPO for classic control).
 HYPERPARAMETERS = dict(envs=4, rollout=128, epochs=4, minibatches=4, gamma=0.99, gae_lambda=0.95, clip=0.2,
-                       entropy=0.01, actor_lr=2.5e-4, critic_lr=2.5e-4, units=64)
+                       entropy=0.01, actor_lr=2.5e-4, critic_lr=2.5e-4, critic_clip=50.0, units=64)
 
 
 def ppo_loss(y_true, logits):
@@ -64,10 +64,18 @@ def make_actor(obs_size, actions, units):
     return actor
 
 
-def make_critic(obs_size, head, units, seed):
+def value_network(obs_size, head, units):
+    """The built critic for `obs_size` observations: `h` is the observation, `z` one constant class."""
     critic = CriticNetwork(model_size=None, gru_units=obs_size, num_z_categoricals=1, num_z_classes=1,
                            num_dense_layers=2, dense_hidden_units=units, head=head)
-    trainer = CriticTrainer(critic, learning_rate=HYPERPARAMETERS["critic_lr"], grad_clip=0.5 * 100, seed=seed,
+    critic(np.zeros((1, obs_size), "float32"), np.ones((1, 1, 1), "float32"))
+    return critic
+
+
+def make_critic(obs_size, head, units, seed):
+    critic = value_network(obs_size, head, units)
+    trainer = CriticTrainer(critic, learning_rate=HYPERPARAMETERS["critic_lr"],
+                            grad_clip=HYPERPARAMETERS["critic_clip"], seed=seed,
                             metrics="core")
     return critic, trainer
 

@@ -23,11 +23,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from multicritic import CriticNetwork, critic_loss, inverse_symlog  # noqa: E402
+from multicritic import critic_loss, inverse_symlog  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from keras_agent import (HYPERPARAMETERS, env_step, gae, main, report, rollout_buffer,  # noqa: E402
-                         start_run)
+                         start_run, value_network)
 
 
 def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
@@ -40,9 +40,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
                           nn.Tanh(), nn.Linear(hp["units"], actions))
     nn.init.orthogonal_(actor[-1].weight, 0.01)
     actor_opt = torch.optim.Adam(actor.parameters(), lr=hp["actor_lr"], eps=1e-5)
-    critic = CriticNetwork(model_size=None, gru_units=obs_size, num_z_categoricals=1, num_z_classes=1,
-                           num_dense_layers=2, dense_hidden_units=hp["units"], head=head)
-    critic(np.zeros((1, obs_size), "float32"), np.ones((1, 1, 1), "float32"))  # built: its views exist
+    critic = value_network(obs_size, head, hp["units"])
     fast, slow = critic.fast_module(outputs="both"), critic.ema_module(outputs="both")
     critic_opt = torch.optim.Adam(fast.parameters(), lr=hp["critic_lr"], eps=1e-5)
 
@@ -90,7 +88,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
                 loss = critic_loss(logits, ret[idx], ema_value, torch.ones(size), **critic.loss_options())["total"]
                 critic_opt.zero_grad()
                 loss.backward()
-                nn.utils.clip_grad_norm_(fast.parameters(), 50.0)
+                nn.utils.clip_grad_norm_(fast.parameters(), hp["critic_clip"])
                 critic_opt.step()
                 critic.update_ema()
         report(record, step, start, json_path, log)

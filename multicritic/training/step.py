@@ -542,8 +542,8 @@ class CriticStep(FixedOptions):
                     member.update_ema(decay=ops.where(due, member.ema_decay, 1.0))
 
         if self.metrics == "core":  # (and the normalisers' batch statistics, which the update reads above)
-            metrics = {k: v for k, v in metrics.items() if k in CORE_METRICS or k.split("/")[-1] in _statistics(
-                critic)}
+            kept = _statistics(critic)
+            metrics = {k: v for k, v in metrics.items() if k in CORE_METRICS or k.split("/")[-1] in kept}
         optimizer_state = list(trainable) + list(self.optimizer.variables)
         bookkeeping_state = [self.steps] + list(critic.non_trainable_variables)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
