@@ -38,7 +38,8 @@ checkout = pathlib.Path(sys.argv[1]).resolve()
 where = pathlib.Path(multicritic.__file__).resolve()
 # The installed wheel, not the checkout's source tree (nox's virtualenvs live inside the checkout, so the
 # test is the package's folder, not an ancestor).
-assert where.parent != checkout / "multicritic" and "site-packages" in where.parts, f"imported from the checkout: {where}"
+assert where.parent != checkout / "multicritic" and "site-packages" in where.parts, (
+    f"imported from the checkout: {where}")
 import importlib.metadata
 assert importlib.metadata.version("multicritic") == multicritic.__version__, (
     importlib.metadata.version("multicritic"), multicritic.__version__)

@@ -355,19 +355,24 @@ def ensemble(files):
             continue
         ms = {k: r[k]["step_ms"] for k in ("single", "ensemble", "loop", native) if k in r}
         loop = (f"{ms['loop']:.2f}", f"{ms['loop'] / ms['single']:.2f}") if "loop" in ms else ("–", "–")
-        k = r["ensemble"]["members"]
         label = "XLA" if native == "native_xla" else ("graph" if backend == "tensorflow" else "–")
         lines.append(f"| {backend} | {batch} | {ms['single']:.2f} | {ms['ensemble']:.2f} | {loop[0]} | "
                      f"{ms[native]:.2f} | {label} | {ms['ensemble'] / ms['single']:.2f} | "
                      f"{loop[1]} | {ms['ensemble'] / ms[native]:.2f} |")
     members = sorted({r["ensemble"]["members"] for r in rows.values() if "ensemble" in r})
-    return lines + ["", f"K = {', '.join(map(str, members))} members; size {', '.join(sorted({s for _, s, _ in rows}))}."]
+    return lines + ["", f"K = {', '.join(map(str, members))} members; "
+                        f"size {', '.join(sorted({s for _, s, _ in rows}))}."]
 
 
-def _head_label(run):
+def head_label(run):
+    """`head (+ trunk) | ensemble | bins` of a demo run."""
+    from multicritic.heads import HEADS
+
     c = run["config"]
-    bins = "n/a (no buckets)" if c["head"] == "mse" else c["bin_scheme"]
-    return f"{c['head']} | {c['ensemble']} | {bins}" + ("" if run.get("main_table", True) else " (control)")
+    head = HEADS[c["head"]]()
+    bins = c["bin_scheme"] if head.units == head.num_buckets else "n/a (no buckets)"
+    trunk = "" if c.get("trunk", "mlp") == "mlp" else f", {c['trunk']} trunk"
+    return f"{c['head']}{trunk} | {c['ensemble']} | {bins}" + ("" if run.get("main_table", True) else " (control)")
 
 
 @table("demo_heads")
@@ -382,7 +387,7 @@ def demo_heads(files, seconds="yes"):
     for run in runs:
         errors = " | ".join(f"{100 * s['relative_rmse']:.2f}%" for s in run["scales"])
         tail = f" | {sum(s['seconds'] for s in run['scales']):.0f} |" if show_seconds else " |"
-        lines.append(f"| {_head_label(run)} | {errors}{tail}")
+        lines.append(f"| {head_label(run)} | {errors}{tail}")
     return lines
 
 
@@ -449,7 +454,8 @@ def scaling(files):
         cells = []
         for d in devices:
             r = next((r for r in records if r["backend"] == backend and r["devices"] == d), None)
-            cells.append("–" if r is None else f"{r['steps_per_s']:.2f} steps/s ({r['samples_per_s'] / 1e3:.1f}k samples/s)")
+            cells.append("–" if r is None
+                         else f"{r['steps_per_s']:.2f} steps/s ({r['samples_per_s'] / 1e3:.1f}k samples/s)")
         lines.append(f"| {backend} | {ENGINES.get(backend, '')} | " + " | ".join(cells) + " |")
     return lines
 
@@ -507,6 +513,39 @@ def public_names(files, package="multicritic"):
     for name in names:
         target = _defined_in(package, name)
         lines.append(f"| [`{package}.{name}`][{target}] | `{target}` |")
+    return lines
+
+
+@table("hosts", files=False)
+def hosts(files):
+    """The registered hosts (`multicritic.interop.HOSTS`): each adapter's codebase, options and interface."""
+    from multicritic.interop import HOSTS
+
+    lines = ["| host | codebase | `input_layout` | `norm` | `use_bias` | `bin_scheme` | builds a critic | "
+             "PyTorch modules | named layout |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in HOSTS:
+        a = HOSTS[name]
+        o = a.options
+        yes = {True: "yes", False: "no"}
+        lines.append(f"| `{name}` | {a.title} | `{o['input_layout']}` | `{o['norm']}` | {yes[o['use_bias']]} | "
+                     f"`{o['bin_scheme']}` | {yes[a.build is not None]} | {yes[a.modules is not None]} | "
+                     f"{yes[a.key is not None]} |")
+    return lines
+
+
+@table("parts", files=False)
+def parts(files):
+    """The registered heads and trunks, with their own options' defaults."""
+    from multicritic.heads import HEADS
+    from multicritic.trunks import TRUNKS
+
+    lines = ["| kind | name | class | own options (defaults) |", "|---|---|---|---|"]
+    for kind, registry in (("head", HEADS), ("trunk", TRUNKS)):
+        for name in registry:
+            cls = registry[name]
+            own = registry.own_options(cls())
+            options = ", ".join(f"`{k}={v!r}`" for k, v in own.items()) or "none"
+            lines.append(f"| {kind} | `{name}` | `{registry.path(name)}` | {options} |")
     return lines
 
 

@@ -6,8 +6,9 @@ target critic swapped for one multicritic `CriticNetwork` through the
 one-line adapters (`multicritic.interop.sheeprl.sheeprl_critic`, then
 `sheeprl_modules`: views in sheeprl's own state-dict layout, so its
 checkpoints keep sheeprl's keys and `checkpoint.resume_from` works with or
-without the swap), starting from sheeprl's own initial critic weights. sheeprl's optimizer, gradient clipping, target update
-(`tau`, hard copy at step 0) and `critic_loss` run unchanged on the views.
+without the swap), starting from sheeprl's own initial critic weights.
+sheeprl's optimizer, gradient clipping, target update (`tau`, hard copy at
+step 0) and `critic_loss` run unchanged on the views.
 Prints both runs' critic losses and fails unless they agree to 1e-5
 (relative), and unless the critic's and target critic's weight changes over
 the run agree to 1e-4 (relative to the largest change).

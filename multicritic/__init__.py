@@ -16,7 +16,11 @@ backend_default.select()
 
 from multicritic.bins import expected_value, inverse_symlog, symexp, symlog, two_hot  # noqa: E402
 from multicritic.critic import CriticNetwork  # noqa: E402
-from multicritic.heads import HLGaussHead, MSEHead, hl_gauss  # noqa: E402
+from multicritic.heads.hl_gauss import HLGaussHead, hl_gauss  # noqa: E402
+from multicritic.heads.mse import MSEHead  # noqa: E402
+from multicritic.heads.quantile import QuantileHead  # noqa: E402
+from multicritic.heads.two_hot import TwoHotHead  # noqa: E402
+from multicritic.trunks.residual import ResidualTrunk  # noqa: E402
 from multicritic.layers.layer_norm import LayerNormalization  # noqa: E402
 from multicritic.layers.mlp import MLP  # noqa: E402
 from multicritic.layers.reward_predictor import RewardPredictorLayer  # noqa: E402
@@ -41,8 +45,11 @@ __all__ = [
     "MLP",
     "MSEHead",
     "MultiCritic",
+    "QuantileHead",
+    "ResidualTrunk",
     "ReturnNormalizer",
     "RewardPredictorLayer",
+    "TwoHotHead",
     "critic_loss",
     "dream_loss_weights",
     "expected_value",

@@ -112,11 +112,29 @@ def cli_argv() -> Optional[List[str]]:
     return None
 
 
+# What to install for each backend (the package's extras).
+EXTRAS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
+
+
+def missing_backend_message(name: str) -> Optional[str]:
+    """One line saying what to install when backend `name` (or Keras) cannot be imported, else None."""
+    if not installed("keras"):
+        return "multicritic needs Keras 3: pip install 'multicritic[jax]' (or [torch], [tensorflow])."
+    if name in EXTRAS and not installed(name):
+        return (f"KERAS_BACKEND={name!r}, but {name} is not installed: pip install 'multicritic[{EXTRAS[name]}]' "
+                f"(or set KERAS_BACKEND to an installed one of {[b for b in SUPPORTED if installed(b)]}).")
+    return None
+
+
 def select() -> None:
-    """Sets KERAS_BACKEND to an installed backend when none is configured (see the module's docstring)."""
+    """Sets KERAS_BACKEND to an installed backend when none is configured (see the module's docstring), and
+    refuses in one line a backend that is not installed (Keras's own error is a traceback of its imports)."""
     if "keras" in sys.modules:
         return
     if os.environ.get("KERAS_BACKEND"):
+        message = missing_backend_message(os.environ["KERAS_BACKEND"])
+        if message:
+            raise ModuleNotFoundError(message)
         return
     name, _ = default_backend()
     if name != _configured_backend():

@@ -84,6 +84,7 @@ def inverse_symlog(y):
 
 
 symexp = inverse_symlog
+"""`sign(x) * (exp(|x|) - 1)`: `inverse_symlog` under the name the DreamerV3 code uses."""
 
 
 def _beyond_symlog_limit(bound):
@@ -356,7 +357,7 @@ def two_hot(
             a compiled function): a NaN gives NaN at buckets 0 and 1 and 0
             elsewhere, identically on every backend, eager or compiled.
 
-    Example:
+    Examples:
         `two_hot(0.1)` puts 0.365 on bucket 127 and 0.635 on bucket 128.
 
     Note:

@@ -22,7 +22,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     It takes the arguments of `keras.callbacks.BackupAndRestore` (`backup_dir`,
     `save_freq`, `double_checkpoint`, `delete_checkpoint`).
 
-    Example:
+    Examples:
         >>> critic.compile()
         >>> critic.fit(dataset, epochs=10, shuffle=False,
         ...            callbacks=[BackupAndRestore("/tmp/backup", save_freq=100)])

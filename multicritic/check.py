@@ -1,6 +1,6 @@
 """`multicritic check`: the same critics and train steps on every installed backend, compared.
 
-Several critic configurations (`CONFIGS`: each head, and an ensemble), each
+Several critic configurations (`CONFIGS`: each registered head, each other registered trunk, and an ensemble), each
 with fixed weights (distinct fast and EMA copies) and fixed inputs, run in a
 subprocess per backend. Each backend checks itself (the `compiled` column:
 the eager forward pass against the compiled one, `predict_function`); the
@@ -23,13 +23,14 @@ import numpy as np
 
 from multicritic.backend_default import SUPPORTED as BACKENDS
 from multicritic.backend_default import installed
+from multicritic.heads import HEADS
+from multicritic.trunks import TRUNKS
 
 SIZE = "mini"
 # Critic options per configuration (model_size=SIZE for all).
 CONFIGS: Dict[str, Dict] = {
-    "two_hot": {},
-    "hl_gauss": {"head": "hl_gauss"},
-    "mse": {"head": "mse"},
+    **{name: {"head": name} for name in HEADS},
+    **{f"{name}-trunk": {"trunk": name} for name in list(TRUNKS)[1:]},
     "ensemble": {"ensemble_size": 3},
 }
 FORWARD_KEYS = ("value", "logits", "ema_value", "ema_logits")

@@ -18,6 +18,7 @@ from multicritic.demo.config import (
     PRESETS,
     BIN_SCHEMES,
     HEADS,
+    TRUNKS,
     MAX_ENSEMBLE,
     MAX_SEED,
     MODEL_SIZES,
@@ -30,7 +31,8 @@ from multicritic.demo.config import (
 PLOT_FORMATS = ("eps", "jpeg", "jpg", "pdf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff", "webp")
 NO_BACKEND = "no Keras backend is installed (pip install 'multicritic[jax]', '[torch]' or '[tensorflow]')"
 _FLAGS = {"size": "--size", "bin_scheme": "--bin-scheme", "steps": "--steps", "seed": "--seed", "scales": "--scales",
-          "head": "--head", "ensemble": "--ensemble", "aggregation": "--aggregation", "preset": "--preset"}
+          "head": "--head", "trunk": "--trunk", "ensemble": "--ensemble", "aggregation": "--aggregation",
+          "preset": "--preset"}
 
 
 class UsageError(Exception):
@@ -60,13 +62,18 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help=f"random seed in [0, {MAX_SEED}] (default: 0)")
     demo.add_argument(
         "--bin-scheme",
-        help=f"one of {list(BIN_SCHEMES)} (default: symexp, the 2024 scheme; uniform_symlog with --head hl_gauss, "
-        "the only scheme it supports)",
+        help=f"one of {list(BIN_SCHEMES)} (default: symexp, the 2024 scheme, where the head supports it; "
+        "else the head's first scheme: uniform_symlog for hl_gauss)",
     )
     demo.add_argument(
         "--head",
         default="two_hot",
         help=f"the critic's value head, one of {list(HEADS)} (default: two_hot, the reference)",
+    )
+    demo.add_argument(
+        "--trunk",
+        default="mlp",
+        help=f"the critic's trunk, one of {list(TRUNKS)} (default: mlp, the reference)",
     )
     demo.add_argument(
         "--ensemble",
@@ -199,6 +206,7 @@ def _demo_config(args) -> DemoConfig:
         bin_scheme=args.bin_scheme,
         scales=scales,
         head=args.head,
+        trunk=args.trunk,
         ensemble=args.ensemble,
         aggregation=args.aggregation,
         preset=args.preset,
@@ -235,7 +243,8 @@ def _check_backends(args) -> List[str]:
         target, _, what = args.perturb.partition(":")
         if target not in backends or what not in ("", "forward", "step", "compiled"):
             raise UsageError(
-                f"--perturb: got {args.perturb!r}, expected BACKEND[:step|:forward|:compiled] with BACKEND in {backends}"
+                f"--perturb: got {args.perturb!r}, expected BACKEND[:step|:forward|:compiled] with BACKEND in "
+                f"{backends}"
             )
     return backends
 
@@ -305,7 +314,8 @@ def _demo(args, config: DemoConfig, argv: List[str]) -> int:
         code = _rerun_on(args.backend, argv)
         if code is not None:
             return code
-    critic = "" if config.head == "two_hot" else f", {config.head} head"
+    critic = "".join(f", {getattr(config, part)} {part}" for part, default in (("head", "two_hot"), ("trunk", "mlp"))
+                     if getattr(config, part) != default)
     if config.ensemble > 1:
         critic += f", ensemble of {config.ensemble} ({config.aggregation})"
     print(

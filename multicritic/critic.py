@@ -8,15 +8,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend as backend_lib, ema as ema_lib, heads, members, weights_file
+from multicritic import backend as backend_lib, ema as ema_lib, heads, members, trunks, weights_file
 from multicritic.critic_options import (  # noqa: F401  (the critic's option names, also read from here)
     AGGREGATIONS, INPUT_LAYOUTS, TRAINING_OPTIONS, check_ensemble_fits, check_ensemble_options, check_options,
     upgrade_config,
 )
 from multicritic.keras_training import KerasTraining
 from multicritic.layers.dispatch import call_layer
-from multicritic.layers.mlp import MLP
-from multicritic.validation import FixedOptions, cast_to, compatible, h_z_pair, real_tensor, static_shape
+from multicritic.validation import FixedOptions, cast_to, compatible, fmt, h_z_pair, real_tensor, static_shape
 
 
 # What `on_latent` returns: both outputs, or one of them.
@@ -24,7 +23,7 @@ _OUTPUTS = ("both", "logits", "value")
 # The constructor's options, read-only once the critic is built (`FixedOptionError`): the forward passes, the
 # compiled steps and the checkpoints read them. The input sizes are set by `build`.
 FIXED_OPTIONS = ("model_size", "num_buckets", "lower_bound", "upper_bound", "ema_decay", "bin_scheme",
-                 "num_dense_layers", "dense_hidden_units", "head", "hl_gauss_sigma", "ensemble_size", "aggregation",
+                 "num_dense_layers", "dense_hidden_units", "head", "trunk", "ensemble_size", "aggregation",
                  "aggregation_subset", "norm", "norm_epsilon", "use_bias", "kernel_initializer", "input_layout",
                  "gru_units", "num_z_categoricals", "num_z_classes")
 
@@ -43,10 +42,10 @@ class _OnLatent:
 class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
     """The DreamerV3 critic: a distributional value network plus its EMA copy, optionally an ensemble.
 
-    The state `x = concat([h, flatten(z)])` (or z first: `input_layout`) goes through an `MLP` and a value
-    head (`head="two_hot"`: a `RewardPredictorLayer` with 255 buckets over
-    symlog returns, zero-initialised; see `multicritic.heads` for the
-    others). A second, structurally identical network (`mlp_ema`,
+    The state `x = concat([h, flatten(z)])` (or z first: `input_layout`) goes through a trunk
+    (`trunk="mlp"`: an `MLP`; see `multicritic.trunks`) and a value head
+    (`head="two_hot"`: a `TwoHotHead` with 255 buckets over symlog returns,
+    zero-initialised; see `multicritic.heads` for the others). A second, structurally identical network (`mlp_ema`,
     `return_layer_ema`) holds an exponential moving average of the weights;
     its variables are never trainable (`critic.trainable_variables` holds only
     the fast critic's weights, in the same order as
@@ -85,10 +84,17 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
             any input size left out is taken from the first call.
         num_z_categoricals: input-size override: categoricals of `z`.
         num_z_classes: input-size override: classes per categorical of `z`.
-        head: `"two_hot"` (the reference), `"hl_gauss"` (Gaussian histogram
-            targets, Farebrother et al. 2024) or `"mse"` (symlog regression).
-        hl_gauss_sigma: HL-Gauss standard deviation, as a ratio of the bucket
-            width (0.75).
+        head: the value head: a registered name (`multicritic.heads.HEADS`:
+            `"two_hot"`, the reference; `"hl_gauss"`, `"mse"`,
+            `"quantile"`) or a configured head (`HLGaussHead(sigma=0.5)`),
+            whose own options the critic keeps. The support above is the
+            critic's: a head given with another support is refused.
+        hl_gauss_sigma: the 0.1 spelling of `head=HLGaussHead(sigma=...)`,
+            with `head="hl_gauss"`.
+        trunk: the network between the state and the head: a registered name
+            (`multicritic.trunks.TRUNKS`: `"mlp"`, the reference;
+            `"residual"`) or a configured trunk. Its sizes and norm are the
+            critic's options above.
         ensemble_size: number of members `K` (1: a single critic).
         aggregation: how `aggregate` reduces the members: `"mean"`, `"min"`,
             `"min_of_random"` (the minimum over `aggregation_subset` members
@@ -119,10 +125,10 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
     Returns:
         `(value_symlog, logits)`: expected value in symlog space `[B]`
         (apply `inverse_symlog` for real returns) and float32 logits
-        `[B, num_buckets]` (`[B, 1]` for `head="mse"`); with an ensemble
-        `[K, B]` and `[K, B, num_buckets]`.
+        `[B, units]` (the head's width: `num_buckets` for the bucket heads);
+        with an ensemble `[K, B]` and `[K, B, units]`.
 
-    Example:
+    Examples:
         >>> critic = CriticNetwork(model_size="XS")
         >>> value, logits = critic(np.zeros((8, 256), "float32"),
         ...                        np.zeros((8, 32, 32), "float32"))
@@ -155,8 +161,9 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         gru_units: Optional[int] = None,
         num_z_categoricals: Optional[int] = None,
         num_z_classes: Optional[int] = None,
-        head: str = "two_hot",
-        hl_gauss_sigma: float = 0.75,
+        head="two_hot",
+        hl_gauss_sigma: Optional[float] = None,
+        trunk="mlp",
         ensemble_size: int = 1,
         aggregation: str = "mean",
         aggregation_subset: int = 2,
@@ -167,13 +174,14 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         input_layout: str = "h_z",
         **kwargs,
     ):
-        dims, head_class, hl_gauss_sigma, kernel_initializer = check_options(
+        dims, (head_class, head_options), (trunk_class, trunk_options), kernel_initializer = check_options(
             kwargs, model_size=model_size, num_buckets=num_buckets, lower_bound=lower_bound, upper_bound=upper_bound,
             ema_decay=ema_decay, bin_scheme=bin_scheme, num_dense_layers=num_dense_layers,
             dense_hidden_units=dense_hidden_units, gru_units=gru_units, num_z_categoricals=num_z_categoricals,
-            num_z_classes=num_z_classes, head=head, hl_gauss_sigma=hl_gauss_sigma, ensemble_size=ensemble_size,
-            aggregation=aggregation, aggregation_subset=aggregation_subset, norm=norm, use_bias=use_bias,
-            kernel_initializer=kernel_initializer, input_layout=input_layout)
+            num_z_classes=num_z_classes, head=head, hl_gauss_sigma=hl_gauss_sigma, trunk=trunk,
+            ensemble_size=ensemble_size, aggregation=aggregation, aggregation_subset=aggregation_subset, norm=norm,
+            norm_epsilon=norm_epsilon, use_bias=use_bias, kernel_initializer=kernel_initializer,
+            input_layout=input_layout)
         kwargs.setdefault("name", "critic")
         backend_lib.current()  # imported now, not first inside a host's torch.compile (a graph break)
         super().__init__(**kwargs)
@@ -188,8 +196,6 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         self.gru_units = dims["gru_units"]
         self.num_z_categoricals = dims["num_z_categoricals"]
         self.num_z_classes = dims["num_z_classes"]
-        self.head = head
-        self.hl_gauss_sigma = float(hl_gauss_sigma)
         self.ensemble_size = int(ensemble_size)
         self.aggregation = aggregation
         self.aggregation_subset = int(aggregation_subset)
@@ -201,7 +207,8 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         members = None if self.ensemble_size == 1 else self.ensemble_size
 
         def mlp(name):
-            return MLP(
+            return trunk_class(
+                **trunk_options,
                 model_size=model_size,
                 num_dense_layers=self.num_dense_layers,
                 dense_hidden_units=self.dense_hidden_units,
@@ -215,8 +222,8 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
             )
 
         def value_head(name):
-            options = {"sigma": self.hl_gauss_sigma} if head == "hl_gauss" else {}
             return head_class(
+                **head_options,
                 num_buckets=num_buckets,
                 lower_bound=lower_bound,
                 upper_bound=upper_bound,
@@ -224,13 +231,15 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
                 members=members,
                 dtype="float32",
                 name=name,
-                **options,
             )
 
         self.mlp = mlp("mlp")
         self.return_layer = value_head("return_layer")
         self.mlp_ema = mlp("mlp_ema")
         self.return_layer_ema = value_head("return_layer_ema")
+        # The parts' registered names; the parts themselves, with their options, are `return_layer` and `mlp`.
+        self.head = heads.HEADS.name_of(self.return_layer)
+        self.trunk = trunks.TRUNKS.name_of(self.mlp)
         if None not in (self.gru_units, self.num_z_categoricals, self.num_z_classes):
             self.build(
                 (None, self.gru_units),
@@ -239,6 +248,13 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         self.fix_options()
 
     fixed_options = FIXED_OPTIONS
+    # One critic: no reward streams (`multicritic.protocols.CriticLike`).
+    stream_names = None
+
+    def stream_critics(self) -> Dict[Optional[str], "CriticNetwork"]:
+        """`{None: self}`: the one stream a single critic is (`CriticLike`). (A method: Keras's saving walks
+        properties, and this one holds the critic itself.)"""
+        return {None: self}
 
     def fixed_option_hint(self, name):
         if name == "ema_decay":
@@ -248,6 +264,7 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
     @classmethod
     def from_config(cls, config):
         return super().from_config(upgrade_config(config)[0])
+
 
     # Keras 3 only passes `trainable` down to variables that exist when it is
     # set, and `critic.trainable = True` would reach the EMA copy: keep it
@@ -268,14 +285,11 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         want_h = (None, self.gru_units)
         want_z = (None, self.num_z_categoricals, self.num_z_classes)
 
-        def fmt(shape):
-            return "[" + ", ".join("B" if d is None else str(d) for d in shape) + "]"
-
         if len(h_shape) != 2 or (self.gru_units is not None and h_shape[1] != self.gru_units):
-            raise ValueError(f"h: got shape {list(h_shape)}, expected {fmt(want_h)} (gru_units={self.gru_units}).")
+            raise ValueError(f"h: got shape {list(h_shape)}, expected {fmt(want_h, 'B')} (gru_units={self.gru_units}).")
         if len(z_shape) != 3 or any(w is not None and d != w for d, w in zip(z_shape[1:], want_z[1:])):
             raise ValueError(
-                f"z: got shape {list(z_shape)}, expected {fmt(want_z)} "
+                f"z: got shape {list(z_shape)}, expected {fmt(want_z, 'B')} "
                 f"(num_z_categoricals={self.num_z_categoricals}, num_z_classes={self.num_z_classes})."
             )
         if h_shape[0] is not None and z_shape[0] is not None and h_shape[0] != z_shape[0]:
@@ -288,7 +302,7 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         self.check_inputs(h_shape, z_shape)
         check_ensemble_fits(self.ensemble_size, latent_size=int(h_shape[-1]) + int(z_shape[-2]) * int(z_shape[-1]),
                             num_dense_layers=self.num_dense_layers, dense_hidden_units=self.dense_hidden_units,
-                            output_units=heads.get(self.head).output_units(self.num_buckets), use_bias=self.use_bias,
+                            output_units=self.return_layer.units, use_bias=self.use_bias,
                             norm=self.norm)
         # The input sizes, from the first call where they were left out (past the options' lock).
         for name, size in (("gru_units", h_shape[-1]), ("num_z_categoricals", z_shape[-2]),
@@ -422,11 +436,9 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         return {"both": (value, logits), "logits": logits, "value": value}[outputs]
 
     def decode(self, logits):
-        """The symlog-space value `[...]` of the head's output `[..., num_buckets]` (`expected_value` for the
+        """The symlog-space value `[...]` of the head's output `[..., units]` (`expected_value` for the
         bucket heads), e.g. of a target critic's logits."""
-        options = {"sigma": self.hl_gauss_sigma} if self.head == "hl_gauss" else {}
-        return heads.get(self.head).decode(logits, self.num_buckets, self.lower_bound, self.upper_bound,
-                                           self.bin_scheme, **options)
+        return self.return_layer.decode(logits)
 
     def fast_module(self, outputs: str = "logits", layout=None):
         """A PyTorch `nn.Module` holding only the fast critic's parameters (the critic's own tensors).
@@ -459,7 +471,8 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
 
     def view_names(self) -> List[str]:
         """The parameter names of `fast_module()` / `ema_module()`, in the order of `fast_weights`."""
-        return [key.replace("/", "_") for key in ema_lib.relative_keys(self.fast_weights, ("mlp", "mlp"), ("return_layer", "head"))]
+        keys = ema_lib.relative_keys(self.fast_weights, ("mlp", "mlp"), ("return_layer", "head"))
+        return [key.replace("/", "_") for key in keys]
 
     def call(self, h, z=None, use_ema=False):
         h, z = h_z_pair(h, z)
@@ -475,7 +488,7 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
 
     def compute_output_shape(self, h_shape, z_shape, use_ema=False):
         lead = (h_shape[0],) if self.ensemble_size == 1 else (self.ensemble_size, h_shape[0])
-        return lead, lead + (heads.get(self.head).output_units(self.num_buckets),)
+        return lead, lead + (self.return_layer.units,)
 
     # ------------------------------------------------------------------
     # Ensembles.
@@ -507,15 +520,9 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
         members.set_weights(self, member, weights)
 
     def loss_options(self) -> Dict[str, object]:
-        """The `critic_loss` arguments that describe this critic's head and support."""
-        return {
-            "head": self.head,
-            "num_buckets": self.num_buckets,
-            "lower_bound": self.lower_bound,
-            "upper_bound": self.upper_bound,
-            "bin_scheme": self.bin_scheme,
-            "hl_gauss_sigma": self.hl_gauss_sigma,
-        }
+        """The `critic_loss` arguments that describe this critic's head (the head itself: its support and
+        options)."""
+        return {"head": self.return_layer}
 
     @property
     def fast_weights(self) -> List:
@@ -620,8 +627,8 @@ class CriticNetwork(FixedOptions, KerasTraining, keras.Model):
                 "gru_units": self.gru_units,
                 "num_z_categoricals": self.num_z_categoricals,
                 "num_z_classes": self.num_z_classes,
-                "head": self.head,
-                "hl_gauss_sigma": self.hl_gauss_sigma,
+                "head": heads.HEADS.spec(self.return_layer),
+                "trunk": trunks.TRUNKS.spec(self.mlp),
                 "ensemble_size": self.ensemble_size,
                 "aggregation": self.aggregation,
                 "aggregation_subset": self.aggregation_subset,

@@ -13,8 +13,7 @@ from typing import Dict, Optional, Tuple
 
 import keras
 
-from multicritic import heads
-from multicritic.heads.hl_gauss import check_sigma as check_hl_gauss_sigma
+from multicritic import heads, trunks
 from multicritic.layers.mlp import NORMS
 from multicritic.sizes import get_model_dims
 from multicritic.validation import integer, number
@@ -28,9 +27,19 @@ TRAINING_OPTIONS = ("ema_update_period", "ema_regularizer_weight", "ema_regulari
 
 
 # Options added after configs were first saved, with the value older configs meant.
-_ADDED_OPTIONS = {"head": "two_hot", "hl_gauss_sigma": 0.75, "ensemble_size": 1, "aggregation": "mean",
+_ADDED_OPTIONS = {"head": "two_hot", "trunk": "mlp", "ensemble_size": 1, "aggregation": "mean",
                   "aggregation_subset": 2, "norm": "layer", "norm_epsilon": 1e-3, "use_bias": False,
                   "kernel_initializer": "glorot_uniform", "input_layout": "h_z"}
+
+
+def support_of(config: Dict) -> Dict:
+    """The options a critic (or its config) gives its head."""
+    return {key: config[key] for key in heads.SUPPORT}
+
+
+def trunk_options_of(config: Dict) -> Dict:
+    """The options a critic (or its config) gives its trunk."""
+    return {key: config[key] for key in trunks.SHARED}
 
 
 def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
@@ -44,6 +53,15 @@ def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
     config = {k: v for k, v in config.items() if k not in TRAINING_OPTIONS}
     for key, value in _ADDED_OPTIONS.items():
         config.setdefault(key, value)
+    # 0.1.0 named the head and kept HL-Gauss's sigma beside it; the parts' specs now carry their options.
+    config["head"] = heads.legacy_spec(config["head"], config.pop("hl_gauss_sigma", None))
+    if all(config.get(key) is not None for key in heads.SUPPORT):
+        config["head"] = heads.HEADS.canonical(config["head"], support_of(config))
+    if all(key in config for key in trunks.SHARED):
+        dims = get_model_dims(config["model_size"], num_dense_layers=config["num_dense_layers"],
+                              dense_hidden_units=config["dense_hidden_units"])
+        if None not in (dims["num_dense_layers"], dims["dense_hidden_units"]):
+            config["trunk"] = trunks.TRUNKS.canonical(config["trunk"], trunk_options_of(config))
     return config, training
 
 
@@ -96,14 +114,14 @@ def check_ensemble_options(ensemble_size, aggregation, aggregation_subset):
 
 def check_options(kwargs, *, model_size, num_buckets, lower_bound, upper_bound, ema_decay, bin_scheme,
                   num_dense_layers, dense_hidden_units, gru_units, num_z_categoricals, num_z_classes, head,
-                  hl_gauss_sigma, ensemble_size, aggregation, aggregation_subset, norm, use_bias,
-                  kernel_initializer, input_layout):
+                  hl_gauss_sigma, trunk, ensemble_size, aggregation, aggregation_subset, norm, norm_epsilon,
+                  use_bias, kernel_initializer, input_layout):
     """Checks `CriticNetwork`'s arguments (and refuses the training options in Keras's `kwargs`).
 
     Returns:
-        `(dims, head_class, hl_gauss_sigma, kernel_initializer)`: the sizes
-        `get_model_dims` resolves, the head's class, the sigma as a float and
-        the Keras initializer.
+        `(dims, (head_class, head_options), (trunk_class, trunk_options), kernel_initializer)`: the sizes
+        `get_model_dims` resolves, each part's class and own options (see `multicritic.registry`), and the
+        Keras initializer.
     """
     moved = [k for k in TRAINING_OPTIONS if k in kwargs]
     if moved:
@@ -119,11 +137,15 @@ def check_options(kwargs, *, model_size, num_buckets, lower_bound, upper_bound, 
         num_z_categoricals=num_z_categoricals,
         num_z_classes=num_z_classes,
     )
-    head_class = heads.get(head)
-    hl_gauss_sigma = number("hl_gauss_sigma", hl_gauss_sigma, low=0.0, low_open=True)
-    head_class.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
-    if head == "hl_gauss":
-        check_hl_gauss_sigma(hl_gauss_sigma, num_buckets, lower_bound, upper_bound)
+    if hl_gauss_sigma is not None:
+        number("hl_gauss_sigma", hl_gauss_sigma, low=0.0, low_open=True)
+    support = dict(num_buckets=num_buckets, lower_bound=lower_bound, upper_bound=upper_bound, bin_scheme=bin_scheme)
+    try:
+        head_class, head_options = heads.HEADS.resolve(heads.legacy_spec(head, hl_gauss_sigma), support)
+    except ValueError as err:
+        if hl_gauss_sigma is not None and str(err).startswith("sigma:"):
+            raise ValueError(f"hl_gauss_sigma:{str(err)[len('sigma:'):]}") from None
+        raise
     number("ema_decay", ema_decay, low=0.0, high=1.0)
     check_ensemble_options(ensemble_size, aggregation, aggregation_subset)
     if not isinstance(input_layout, str) or input_layout not in INPUT_LAYOUTS:
@@ -135,10 +157,14 @@ def check_options(kwargs, *, model_size, num_buckets, lower_bound, upper_bound, 
     except (ValueError, TypeError) as err:
         raise ValueError(f"kernel_initializer: got {kernel_initializer!r}, expected a Keras initializer (an "
                          f"instance, a name or a config) ({err}).") from None
+    trunk_part = trunks.TRUNKS.resolve(trunk, dict(
+        model_size=model_size, num_dense_layers=dims["num_dense_layers"],
+        dense_hidden_units=dims["dense_hidden_units"], norm=norm, norm_epsilon=norm_epsilon, use_bias=use_bias,
+        kernel_initializer=kernel_initializer))
     known = None not in (dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"])
     check_ensemble_fits(
         ensemble_size,
         latent_size=dims["gru_units"] + dims["num_z_categoricals"] * dims["num_z_classes"] if known else 0,
         num_dense_layers=dims["num_dense_layers"], dense_hidden_units=dims["dense_hidden_units"],
-        output_units=head_class.output_units(int(num_buckets)), use_bias=use_bias, norm=norm)
-    return dims, head_class, hl_gauss_sigma, kernel_initializer
+        output_units=head_class(**head_options, **support).units, use_bias=use_bias, norm=norm)
+    return dims, (head_class, head_options), trunk_part, kernel_initializer

@@ -20,24 +20,14 @@ import numpy as np
 from keras import ops
 
 from multicritic import backend
+from multicritic.training.options import TrainerOptions
 from multicritic.training.step import CriticStep, is_multi_critic
 from multicritic.validation import fmt, integer, real_values
 
 # Options of `compile` that configure the trainer (the rest are Keras's).
-TRAINER_OPTIONS = {
-    "gamma": 0.997,
-    "lambda_": 0.95,
-    "grad_clip": 100.0,
-    "ema_update_period": 1,
-    "ema_update_first": False,
-    "ema_regularizer_weight": 1.0,
-    "ema_regularizer": "two_hot_mean",
-    "ema_targets": False,
-    "value_loss_weight": 1.0,
-    "seed": None,
-    "learning_rate": 3e-5,
-    "epsilon": 1e-5,
-}
+TRAINER_OPTIONS = TrainerOptions.defaults(
+    ("gamma", "lambda_", "grad_clip", "ema_update_period", "ema_update_first", "ema_regularizer_weight",
+     "ema_regularizer", "ema_targets", "value_loss_weight", "seed", "learning_rate", "epsilon"))
 _UNSUPPORTED = ("metrics", "weighted_metrics", "loss_weights", "auto_scale_loss")
 # Options of the default optimizer: with an optimizer of one's own they would be ignored.
 _DEFAULT_OPTIMIZER_OPTIONS = ("learning_rate", "epsilon")

@@ -47,7 +47,7 @@ class MultiCritic(KerasTraining, keras.Model):
     Returns:
         `{stream: (value_symlog, logits)}`.
 
-    Example:
+    Examples:
         >>> critics = MultiCritic({"task": {"model_size": "XS"},
         ...                        "explore": {"model_size": "XS", "ensemble_size": 5}},
         ...                       stream_weights={"task": 1.0, "explore": 0.5})
@@ -117,13 +117,19 @@ class MultiCritic(KerasTraining, keras.Model):
             elif isinstance(norm, Mapping):
                 norm = ReturnNormalizer.from_config(dict(norm, name=f"normalizer_{s}"))
             if not isinstance(norm, ReturnNormalizer):
-                raise ValueError(f"normalizers[{s!r}]: got {norm!r}, expected 'perc_ema', 'none' or a ReturnNormalizer.")
+                raise ValueError(
+                    f"normalizers[{s!r}]: got {norm!r}, expected 'perc_ema', 'none' or a ReturnNormalizer."
+                )
             self.normalizers[s] = norm
         self.built = True
 
     @property
     def streams(self) -> Dict[str, CriticNetwork]:
         return {s: self.critics[s] for s in self.stream_names}
+
+    def stream_critics(self) -> Dict[str, CriticNetwork]:
+        """`streams` (`multicritic.protocols.CriticLike`)."""
+        return self.streams
 
     @property
     def _first(self) -> CriticNetwork:
@@ -161,9 +167,11 @@ class MultiCritic(KerasTraining, keras.Model):
         for critic in self.critics.values():
             critic.init_ema()
 
-    def update_ema(self, decay=None) -> None:
+    def update_ema(self, decay: Optional[float] = None, *, tau: Optional[float] = None, step=None,
+                   period: int = 1) -> None:
+        """Every stream's `update_ema` with these arguments (see `CriticNetwork.update_ema`)."""
         for critic in self.critics.values():
-            critic.update_ema(decay)
+            critic.update_ema(decay, tau=tau, step=step, period=period)
 
     def get_config(self):
         config = super().get_config()

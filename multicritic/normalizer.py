@@ -87,7 +87,7 @@ class ReturnNormalizer(keras.layers.Layer):
         Not a callable layer: use `statistics`, `update_from`, `update`,
         `offset`, `scale` and `normalize`.
 
-    Example:
+    Examples:
         >>> norm = ReturnNormalizer(impl="perc", rate=0.01, debias=True)
         >>> norm.update(returns)  # or norm.update_from(norm.statistics(returns))
         >>> advantages = (returns - values) / norm.scale()

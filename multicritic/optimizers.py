@@ -48,7 +48,7 @@ class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
         warmup_steps: int >= 0. The number of updates the ramp lasts.
             Defaults to `1000` (DreamerV3).
 
-    Example:
+    Examples:
 
     ```python
     schedule = multicritic.optimizers.LinearWarmup(4e-5, warmup_steps=1000)
@@ -132,7 +132,7 @@ class LaProp(keras.optimizers.Optimizer):
             (`weight_decay`, `clipnorm`, `global_clipnorm`, `use_ema`,
             `loss_scale_factor`, `gradient_accumulation_steps`, ...).
 
-    Example:
+    Examples:
 
     ```python
     critic = multicritic.CriticNetwork(model_size="S")

@@ -116,7 +116,7 @@ def build(name: str, model_size: Optional[str] = None, critic_options=None, trai
             `learning_rate`).
         size: deprecated spelling of `model_size` (a `DeprecationWarning`).
 
-    Example:
+    Examples:
         >>> critic, trainer, normalizer = presets.build("dreamerv3-2024", model_size="12m")
         >>> trainer.train_on_dream_and_replay(h, z, r, c, rh, rz, rr, last, term)
     """

@@ -67,7 +67,8 @@ def dream_loss_weights(continues, gamma: float = 0.997):
     return ops.cumprod(gamma * continues, axis=0) / gamma
 
 
-def replay_lambda_returns(rewards, is_last, is_terminal, boot, discount: float = 1.0 - 1.0 / 333, lambda_: float = 0.95):
+def replay_lambda_returns(rewards, is_last, is_terminal, boot, discount: float = 1.0 - 1.0 / 333,
+                          lambda_: float = 0.95):
     """TD(lambda) returns along replayed trajectories, bootstrapped from imagined returns (DreamerV3 2024 `repval`).
 
     `R_{T-1} = boot_{T-1}` and, for t = T-2 .. 0, with

@@ -64,8 +64,10 @@ def shape_of(x) -> Tuple[Optional[int], ...]:
     return tuple(None if d is None else int(d) for d in x.shape)
 
 
-def fmt(shape) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+def fmt(shape, unknown: str = "?") -> str:
+    """`[2, ?, 5]`: a shape as error messages print it, `unknown` for a dimension not known (the critic's
+    inputs name it `B`, the batch)."""
+    return "[" + ", ".join(unknown if d is None else str(d) for d in shape) + "]"
 
 
 def compatible(a, b) -> bool:
@@ -99,7 +101,8 @@ def number(name: str, value, *, low=None, high=None, low_open=False, allow_none=
         x = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name}: got {value!r}, expected {want}.") from None
-    if not math.isfinite(x) or (low is not None and (x <= low if low_open else x < low)) or (high is not None and x > high):
+    if (not math.isfinite(x) or (low is not None and (x <= low if low_open else x < low))
+            or (high is not None and x > high)):
         raise ValueError(f"{name}: got {value!r}, expected {want}.")
     return x
 

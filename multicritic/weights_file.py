@@ -89,7 +89,8 @@ def load(critic, path, save_fn, load_fn) -> None:
         if not isinstance(config, dict):
             raise ValueError(f"{where}: its saved config is a {type(config).__name__}, expected a JSON object.")
 
-        diff = integrity.config_differences(upgrade_config(config)[0], json.loads(json.dumps(critic.get_config(), default=str)),
+        diff = integrity.config_differences(upgrade_config(config)[0],
+                                            json.loads(json.dumps(critic.get_config(), default=str)),
                                             IGNORED_CONFIG_KEYS)
         if diff:
             raise ValueError(f"{where} holds another critic configuration: {'; '.join(diff)}.")

@@ -27,6 +27,21 @@ ENSEMBLE_OPTIONS = dict(
 )
 KINDS = {"single": OPTIONS, "ensemble": ENSEMBLE_OPTIONS}
 
+
+def _part_kinds():
+    # Every registered part the kinds above leave out, as a 2-member ensemble of it (keras-free names).
+    from multicritic.heads import HEADS
+    from multicritic.trunks import TRUNKS
+
+    covered = {("head", "two_hot"), ("head", ENSEMBLE_OPTIONS["head"]), ("trunk", "mlp")}
+    parts = [("head", n) for n in HEADS] + [("trunk", n) for n in TRUNKS]
+    return {f"{kind}_{name}": dict(model_size="micro", ema_decay=0.9, ensemble_size=2, aggregation="min",
+                                   name=f"golden_{kind}_{name}", **{kind: name})
+            for kind, name in parts if (kind, name) not in covered}
+
+
+KINDS.update(_part_kinds())
+
 # The trainer's options of the goldens (before heads and ensembles, they were
 # saved in the critic's config; restoring maps them to the trainer's).
 TRAINER_OPTIONS = dict(

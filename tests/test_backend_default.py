@@ -100,7 +100,8 @@ def test_default_backend_says_where_the_choice_comes_from(fake, tmp_path):
     fake(configured="tensorflow", installed=("torch",))
     backend, where = backend_default.default_backend()
     assert backend == "torch"
-    assert where == f"the first installed of jax, torch, tensorflow ({tmp_path / 'keras.json'}: 'tensorflow' is not installed)"
+    assert where == (f"the first installed of jax, torch, tensorflow ({tmp_path / 'keras.json'}: "
+                     "'tensorflow' is not installed)")
     fake(configured="torch", installed=("torch",))
     assert backend_default.default_backend() == ("torch", str(tmp_path / "keras.json"))
 
@@ -108,7 +109,8 @@ def test_default_backend_says_where_the_choice_comes_from(fake, tmp_path):
 @pytest.mark.parametrize(
     "argv, orig_argv, expected",
     [
-        (["-m", "demo", "--steps", "1"], ["python", "-m", "multicritic", "demo", "--steps", "1"], ["demo", "--steps", "1"]),
+        (["-m", "demo", "--steps", "1"], ["python", "-m", "multicritic", "demo", "--steps", "1"],
+         ["demo", "--steps", "1"]),
         (["-m", "check"], ["python", "-Im", "multicritic", "check"], ["check"]),
         (["-m", "check"], ["python", "-W", "ignore", "-X", "dev", "-mmulticritic", "check"], ["check"]),
         (["-m", "check"], ["python", "-m", "othertool", "check"], None),
@@ -152,3 +154,17 @@ def test_import_picks_an_installed_backend_when_the_configured_one_is_missing(tm
         block = (missing,)
     expected = next(b for b in backend_default.PREFERENCE if b in installed_backends() and b != missing)
     assert import_multicritic(tmp_path, missing, block) == [expected, expected]
+
+
+def test_a_backend_that_is_not_installed_is_named_in_one_line(monkeypatch):
+    monkeypatch.setattr(backend_default, "installed", lambda name: name in ("keras", "jax"))
+    message = backend_default.missing_backend_message("torch")
+    assert message == ("KERAS_BACKEND='torch', but torch is not installed: pip install 'multicritic[torch]' (or set "
+                       "KERAS_BACKEND to an installed one of ['jax']).")
+    assert backend_default.missing_backend_message("jax") is None
+    monkeypatch.setattr(backend_default, "installed", lambda name: False)
+    assert "needs Keras 3" in backend_default.missing_backend_message("jax")
+    monkeypatch.delitem(sys.modules, "keras")
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    with pytest.raises(ModuleNotFoundError, match="needs Keras 3"):
+        backend_default.select()

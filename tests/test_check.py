@@ -159,7 +159,8 @@ def test_a_perturbed_train_step_is_caught_across_real_backends():
     if len(fastest_first) < 2:
         pytest.skip("needs two or more backends installed")
     first, second = fastest_first[:2]
-    result = run_cli("check", "--backends", f"{first},{second}", "--perturb", f"{second}:step", env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    result = run_cli("check", "--backends", f"{first},{second}", "--perturb", f"{second}:step",
+                     env={"TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.returncode == 1, result.stdout + result.stderr
     rows = table(result.stdout.splitlines())
     assert set(rows) == {(b, c) for b in (first, second) for c in CONFIGS}

@@ -176,11 +176,13 @@ def _rewrite(path, out, edit_meta=None, edit_arrays=None):
          r"ema_decay: saved 0.5, this one 0.98"),
         (lambda m: [1, 2], None, r"metadata is a list, expected a JSON object"),
         (lambda m: dict(m, critic_config="x"), None, r"metadata 'critic_config' is str, expected a JSON object"),
-        (lambda m: {k: v for k, v in m.items() if k != "trainer_options"}, None, r"metadata 'trainer_options' is NoneType"),
+        (lambda m: {k: v for k, v in m.items() if k != "trainer_options"}, None,
+         r"metadata 'trainer_options' is NoneType"),
         (lambda m: dict(m, format="something-else"), None, r"has format 'something-else'"),
         (None, lambda a: a.pop("trainer/steps"), r"missing \['trainer/steps'\]"),
         (None, lambda a: a.update({"critic/extra": np.zeros(3, np.float32)}), r"unexpected \['critic/extra'\]"),
-        (None, lambda a: a.update({"trainer/steps": np.array(1.5)}), r"trainer/steps: got dtype float64, expected int32"),
+        (None, lambda a: a.update({"trainer/steps": np.array(1.5)}),
+         r"trainer/steps: got dtype float64, expected int32"),
         (None, lambda a: a["critic/mlp/dense_0/kernel"].__setitem__((0, 0), np.inf), r"got 1 non-finite value"),
     ],
 )
@@ -246,7 +248,8 @@ FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(Healt
 def saved_files(tmp_path_factory, trained_checkpoint):
     folder = tmp_path_factory.mktemp("fuzz")
     critic, _ = critic_and_trainer(seed=7)
-    return open(critic.save_weights(folder / "c.weights.h5"), "rb").read(), open(trained_checkpoint, "rb").read(), folder
+    return (open(critic.save_weights(folder / "c.weights.h5"), "rb").read(), open(trained_checkpoint, "rb").read(),
+            folder)
 
 
 @pytest.fixture(scope="module")

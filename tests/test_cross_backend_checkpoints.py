@@ -230,8 +230,10 @@ def _goldens():
     report["trainer_steps"] = int(_np(trainer.steps))
     metrics = trainer.train_step(*golden_batch(critic, SAVED_STEPS))
     # Every metric the goldens hold (those the trainer had when they were made).
-    report["trainer_metric_rel"] = {k: _rel(_np(v), golden[f"next_{k}"]) for k, v in metrics.items() if f"next_{k}" in golden}
-    report["trainer_final_abs"] = max(_abs(_np(v.value), golden[f"next_weight_{i}"]) for i, v in enumerate(critic.weights))
+    report["trainer_metric_rel"] = {k: _rel(_np(v), golden[f"next_{k}"])
+                                    for k, v in metrics.items() if f"next_{k}" in golden}
+    report["trainer_final_abs"] = max(_abs(_np(v.value), golden[f"next_weight_{i}"])
+                                      for i, v in enumerate(critic.weights))
     return report
 
 
@@ -291,7 +293,7 @@ def reports(tmp_path_factory):
         out[("goldens", r["backend"])] = r["goldens"]
         for one in r["loaded"]:
             out[(one["saver"], r["backend"])] = one
-    print("\ncross-backend checkpoint report:", json.dumps({f"{s}->{l}": v for (s, l), v in out.items()}, indent=1))
+    print("\ncross-backend checkpoint report:", json.dumps({f"{s}->{ld}": v for (s, ld), v in out.items()}, indent=1))
     return out
 
 
@@ -301,10 +303,10 @@ def _check_outputs(r):
         assert gaps["logits"] < LOGITS_RTOL and gaps["value"] < VALUE_RTOL, (kind, gaps)
 
 
-PAIRS = [(s, l) for s in INSTALLED for l in INSTALLED if s != l]
+PAIRS = [(s, ld) for s in INSTALLED for ld in INSTALLED if s != ld]
 
 
-@pytest.mark.parametrize("saver, loader", PAIRS, ids=[f"{s}->{l}" for s, l in PAIRS])
+@pytest.mark.parametrize("saver, loader", PAIRS, ids=[f"{s}->{ld}" for s, ld in PAIRS])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_critic_files_saved_on_one_backend_load_on_another(reports, saver, loader, kind):
     r = reports[(saver, loader)]["kinds"][kind]
@@ -315,7 +317,7 @@ def test_critic_files_saved_on_one_backend_load_on_another(reports, saver, loade
     _check_outputs(r)
 
 
-@pytest.mark.parametrize("saver, loader", PAIRS, ids=[f"{s}->{l}" for s, l in PAIRS])
+@pytest.mark.parametrize("saver, loader", PAIRS, ids=[f"{s}->{ld}" for s, ld in PAIRS])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_trainer_checkpoint_saved_on_one_backend_resumes_on_another(reports, saver, loader, kind):
     r = reports[(saver, loader)]["kinds"][kind]

@@ -117,7 +117,8 @@ def test_aggregations():
         seen.add(match[0])
     assert len(seen) >= 4  # different draws pick different pairs
     subset_all = CriticNetwork(model_size="nano", ensemble_size=4, aggregation="min_of_random", aggregation_subset=4)
-    np.testing.assert_array_equal(to_np(subset_all.aggregate(keras.ops.convert_to_tensor(values), seed=0)), values.min(0))
+    np.testing.assert_array_equal(to_np(subset_all.aggregate(keras.ops.convert_to_tensor(values), seed=0)),
+                                  values.min(0))
 
 
 def test_min_of_random_draws_follow_seed_and_step_count(tmp_path):
@@ -125,7 +126,8 @@ def test_min_of_random_draws_follow_seed_and_step_count(tmp_path):
     rng = np.random.default_rng(0)
     h, z = random_inputs(CriticNetwork(model_size="nano"), 4 * 8, seed=2)
     dreams = [
-        (h.reshape(4, 8, -1), z.reshape((4, 8) + z.shape[1:]), rng.normal(size=(4, 8)) * 30, np.ones((4, 8), np.float32))
+        (h.reshape(4, 8, -1), z.reshape((4, 8) + z.shape[1:]), rng.normal(size=(4, 8)) * 30,
+         np.ones((4, 8), np.float32))
         for _ in range(4)
     ]
 

@@ -42,7 +42,8 @@ def imports(module: str):
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
             if base.split(".")[0] != "multicritic":
                 continue
             for alias in node.names:
@@ -154,7 +155,8 @@ def code_lines(node: ast.ClassDef, lines) -> int:
         body = getattr(inner, "body", None)
         if isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
             first = body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
                 docs.update(range(first.lineno, first.end_lineno + 1))
     return sum(1 for n in range(node.lineno, node.end_lineno + 1)
                if n not in docs and lines[n - 1].strip() and not lines[n - 1].strip().startswith("#"))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork
-from tests.conftest import BACKEND, random_inputs, to_np
+from tests.conftest import random_inputs, to_np
 
 
 @pytest.mark.parametrize("members", [1, 3])

@@ -131,7 +131,7 @@ def test_two_hot_helper_agrees_with_loss():
         (((4, 3, 255), (4, 3), (4, 3), (5, 3)), r"loss_weights: got shape \[5, 3\], expected \[4, 3\].*take \[:-1\]"),
         (((4, 3, 255), (5, 3), (4, 3), (4, 3)), r"value_targets: got shape \[5, 3\], expected \[4, 3\]"),
         (((4, 3, 255), (4, 3), (4, 2), (4, 3)), r"ema_value_symlog: got shape \[4, 2\]"),
-        (((4, 3, 254), (4, 3), (4, 3), (4, 3)), r"logits: got shape \[4, 3, 254\], expected \[\.\.\., num_buckets=255\]"),
+        (((4, 3, 254), (4, 3), (4, 3), (4, 3)), r"logits: got shape \[4, 3, 254\], expected \[\.\.\., units=255\]"),
         (((12, 255), (4, 3), (4, 3), (4, 3)), r"value_targets: got shape \[4, 3\], expected \[12\]"),
     ],
 )

@@ -41,7 +41,8 @@ def test_each_stream_moves_as_its_own_critic_scaled_by_its_weight():
     metrics = to_np(trainer.train_on_dream(h, z, {"a": rewards, "b": -2 * rewards}, continues))
     lone = []
     for twin, r, w in zip(twins, (rewards, -2 * rewards), (1.0, 0.5)):
-        lone.append(to_np(CriticTrainer(twin, keras.optimizers.SGD(w * lr), grad_clip=None).train_on_dream(h, z, r, continues)))
+        lone.append(to_np(CriticTrainer(twin, keras.optimizers.SGD(w * lr), grad_clip=None).train_on_dream(
+            h, z, r, continues)))
     np.testing.assert_allclose(metrics["a/total"], lone[0]["total"], rtol=1e-5)
     np.testing.assert_allclose(metrics["b/total"], lone[1]["total"], rtol=1e-5)
     np.testing.assert_allclose(metrics["total"], lone[0]["total"] + 0.5 * lone[1]["total"], rtol=1e-5)
@@ -97,7 +98,8 @@ def test_checkpoints_and_configs_round_trip(tmp_path):
         (lambda: MultiCritic({}), "critics: got {}"),
         (lambda: MultiCritic({"a b": {"model_size": "nano"}}), "stream name 'a b' is not an identifier"),
         (lambda: MultiCritic({"a": {"model_size": "nano"}, "b": {"model_size": "micro"}}), "critics: got input sizes"),
-        (lambda: MultiCritic({"a": {"model_size": "nano"}}, stream_weights={"c": 1.0}), r"stream_weights: got streams \['c'\]"),
+        (lambda: MultiCritic({"a": {"model_size": "nano"}}, stream_weights={"c": 1.0}),
+         r"stream_weights: got streams \['c'\]"),
         (lambda: MultiCritic({"a": CriticNetwork(model_size="nano"), "b": CriticNetwork(model_size="nano")}),
          "expected distinct names"),
     ],
@@ -201,7 +203,8 @@ def test_fit_refuses_streams_it_does_not_have():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda n: MultiCritic({"a": {"model_size": "nano"}, "b": {"model_size": "nano"}}, normalizers={"a": n, "b": n}),
+        (lambda n: MultiCritic({"a": {"model_size": "nano"}, "b": {"model_size": "nano"}},
+                               normalizers={"a": n, "b": n}),
          r"normalizers: got one ReturnNormalizer object for the streams \['a', 'b'\]"),
         (lambda n: MultiCritic({"a": {"model_size": "nano"}}, stream_weights=[1.0]), "stream_weights: got a list"),
         (lambda n: MultiCritic({"a": {"model_size": "nano"}}, normalizers={"a": "percentile"}),

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multicritic import CriticNetwork, CriticTrainer, RewardPredictorLayer, critic_loss, two_hot
-from multicritic.bins import SYMLOG_LIMIT, bucket_values, expected_value, symlog, two_hot_indices
+from multicritic.bins import SYMLOG_LIMIT, bucket_values, expected_value, two_hot_indices
 from multicritic.training.trainer import predict_function
 from tests.conftest import BACKEND, compiled, randomize, to_np
 

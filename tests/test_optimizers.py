@@ -137,7 +137,8 @@ def test_matches_a_float64_transcription_for_five_updates(agc):
             where = f"update {step + 1}, tensor {i}"
             np.testing.assert_allclose(to_np(v), want_p[i], rtol=1e-5, atol=1e-6, err_msg=where)
             np.testing.assert_allclose(to_np(optimizer.velocity_slots[i]), want_nu[i], rtol=1e-4, atol=0, err_msg=where)
-            np.testing.assert_allclose(to_np(optimizer.momentum_slots[i]), want_mu[i], rtol=1e-4, atol=2e-6, err_msg=where)
+            np.testing.assert_allclose(to_np(optimizer.momentum_slots[i]), want_mu[i], rtol=1e-4, atol=2e-6,
+                                       err_msg=where)
     # The zero gradient leaves its tensor and slots exactly as they were.
     np.testing.assert_array_equal(to_np(variables[2]), params[2])
     assert not np.any(to_np(optimizer.velocity_slots[2])) and not np.any(to_np(optimizer.momentum_slots[2]))

@@ -84,7 +84,8 @@ def test_replay_loss_adds_its_weighted_share():
     metrics = {k: float(v) for k, v in to_np(with_replay.dream_and_replay_loss(
         *[keras.ops.convert_to_tensor(x) for x in data])[1]).items()}
     _, dream = with_replay.dream_loss(*[keras.ops.convert_to_tensor(x) for x in data[:4]])
-    np.testing.assert_allclose(metrics["total"], float(to_np(dream["total"])) + 0.5 * metrics["repval/total"], rtol=1e-6)
+    np.testing.assert_allclose(metrics["total"], float(to_np(dream["total"])) + 0.5 * metrics["repval/total"],
+                               rtol=1e-6)
     assert metrics["repval/value_nll"] > 0
 
 

@@ -45,7 +45,8 @@ class Critic(nn.Module):
         super().__init__()
         blocks = []
         for i in range(layers):
-            blocks += [nn.Linear(in_dim if i == 0 else units, units, bias=False), nn.LayerNorm(units, eps=1e-3), nn.SiLU()]
+            blocks += [nn.Linear(in_dim if i == 0 else units, units, bias=False), nn.LayerNorm(units, eps=1e-3),
+                       nn.SiLU()]
         self.mlp = nn.Sequential(*blocks)
         self.head = nn.Linear(units, NUM_BUCKETS)
         nn.init.zeros_(self.head.weight)

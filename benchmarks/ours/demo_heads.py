@@ -1,11 +1,13 @@
 """The demo per value head and ensemble size (tables of the docs, docs/heads-ensembles-streams.md).
 
 Runs `multicritic demo` (its defaults: size mini, 1500 steps, reward scales
-1, 1e3, 1e6, seed 0) for heads two_hot, hl_gauss and mse with one member, and
-two_hot and hl_gauss with an ensemble of 5 (aggregation mean), one after the
-other in this process, plus two_hot on the uniform_symlog bins (the bins
-hl_gauss must use, so the head and the bin scheme can be told apart). Writes
-every run to benchmarks/results/results_demo_heads.json (after each run, so a partial
+1, 1e3, 1e6, seed 0) for every registered head with one member (and the MLP
+trunk), every other registered trunk (with the two-hot head), two_hot and
+hl_gauss with an ensemble of 5 (aggregation mean), one after the other in
+this process, plus two_hot on the uniform_symlog bins (the bins hl_gauss must
+use, so the head and the bin scheme can be told apart). Runs already in the
+JSON are kept, so a new part's rows are added alone. Writes every run to
+benchmarks/results/results_demo_heads.json (after each run, so a partial
 grid survives) and prints the two markdown tables: relative RMSE per scale,
 and for the ensembles the correlation of member spread with the error.
 
@@ -22,15 +24,30 @@ import time
 
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "results_demo_heads.json")
 
-# (head, ensemble, bin_scheme or None for the demo's default for the head, in the docs table)
-GRID = (
-    ("two_hot", 1, None, True),
-    ("hl_gauss", 1, None, True),
-    ("mse", 1, None, True),
-    ("two_hot", 5, None, True),
-    ("hl_gauss", 5, None, True),
-    ("two_hot", 1, "uniform_symlog", False),  # control: the head vs the bins
+# (head, trunk, ensemble, bin_scheme or None for the demo's default for the head, in the docs table): the
+# first rows as first measured, then every other registered head and trunk (a new part gets its row).
+FIRST = (
+    ("two_hot", "mlp", 1, None, True),
+    ("hl_gauss", "mlp", 1, None, True),
+    ("mse", "mlp", 1, None, True),
+    ("two_hot", "mlp", 5, None, True),
+    ("hl_gauss", "mlp", 5, None, True),
+    ("two_hot", "mlp", 1, "uniform_symlog", False),  # control: the head vs the bins
 )
+
+
+def grid():
+    from multicritic.heads import HEADS
+    from multicritic.trunks import TRUNKS
+
+    rows = list(FIRST)
+    rows += [(h, "mlp", 1, None, True) for h in HEADS if (h, "mlp", 1, None, True) not in rows]
+    rows += [("two_hot", t, 1, None, True) for t in TRUNKS if ("two_hot", t, 1, None, True) not in rows]
+    return rows
+
+
+def _key(config) -> tuple:
+    return (config["head"], config.get("trunk", "mlp"), config["ensemble"], config["bin_scheme"])
 
 
 def run_grid(path: str = OUT) -> dict:
@@ -39,9 +56,15 @@ def run_grid(path: str = OUT) -> dict:
     from multicritic.demo.run import DemoConfig, run_demo, summary_table, to_json
 
     data = {"backend": keras.backend.backend(), "keras": keras.__version__, "runs": []}
-    for head, ensemble, bin_scheme, main_table in GRID:
-        config = DemoConfig(head=head, ensemble=ensemble, bin_scheme=bin_scheme, aggregation="mean")
-        print(f"== head {head}, ensemble {ensemble}, {config.bin_scheme} bins", flush=True)
+    if os.path.exists(path):  # runs already measured stay as they are
+        with open(path) as f:
+            data = json.load(f)
+    done = {_key(run["config"]) for run in data["runs"]}
+    for head, trunk, ensemble, bin_scheme, main_table in grid():
+        config = DemoConfig(head=head, trunk=trunk, ensemble=ensemble, bin_scheme=bin_scheme, aggregation="mean")
+        if _key(vars(config)) in done:
+            continue
+        print(f"== head {head}, trunk {trunk}, ensemble {ensemble}, {config.bin_scheme} bins", flush=True)
         start = time.perf_counter()
         results = run_demo(config, progress=False)
         run = to_json(config, results, include_values=False)
@@ -56,9 +79,9 @@ def run_grid(path: str = OUT) -> dict:
 
 
 def _label(run: dict) -> str:
-    c = run["config"]
-    bins = "n/a (no buckets)" if c["head"] == "mse" else c["bin_scheme"]
-    return f"{c['head']} | {c['ensemble']} | {bins}"
+    from benchmarks.render_tables import head_label
+
+    return head_label(run)
 
 
 def tables(data: dict) -> str:
@@ -71,8 +94,7 @@ def tables(data: dict) -> str:
     for run in runs:
         errors = " | ".join(f"{100 * s['relative_rmse']:.2f}%" for s in run["scales"])
         seconds = sum(s["seconds"] for s in run["scales"])
-        note = "" if run.get("main_table", True) else " (control)"
-        lines.append(f"| {_label(run)}{note} | {errors} | {seconds:.0f} |")
+        lines.append(f"| {_label(run)} | {errors} | {seconds:.0f} |")
     lines += [
         "",
         "| head | ensemble | reward scale | rel. RMSE | rel. member spread | Pearson(spread, abs. error) | "

@@ -31,7 +31,6 @@ CASES = (("nano", 4), ("XS", 256))
 def native_modules(critic):
     """The plain PyTorch modules a host would hold: `(logits_module(latent), value_and_logits(latent),
     value_and_logits(h, z))`."""
-    import torch
     from torch import nn
 
     from benchmarks.native.native_torch import Critic
@@ -140,7 +139,8 @@ def run(cases, repeats, block_seconds):
 
 
 def table(records):
-    lines = ["| size | batch | entry | autograd | ours µs | native µs | ours / native |", "|---|---:|---|---|---:|---:|---:|"]
+    lines = ["| size | batch | entry | autograd | ours µs | native µs | ours / native |",
+             "|---|---:|---|---|---:|---:|---:|"]
     for r in records:
         lines.append(f"| {r['size']} | {r['batch']} | {r['entry']} | {'on' if r['autograd'] else 'no_grad'} | "
                      f"{r['ours_us']:.1f} | {r['native_us']:.1f} | {r['ratio']:.2f} |")

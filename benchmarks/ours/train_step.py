@@ -133,8 +133,8 @@ def time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=F
 
     Each is warmed up (compiled) first; every block runs the same number of
     steps, sized so that the slowest implementation's block lasts about
-    `block_seconds`, and at least `min_steps` steps. Returns `({name: [seconds per step, ...]}, steps per block)`, and with `first_call`
-    also `{name: seconds of the first call}` (tracing and compilation included).
+    `block_seconds`, and at least `min_steps` steps. Returns `({name: [seconds per step, ...]}, steps per block)`,
+    and with `first_call` also `{name: seconds of the first call}` (tracing and compilation included).
     """
     per_step, first = {}, {}
     for name, step in list(impls.items()):  # warm-up: compile, then estimate a block size
@@ -342,8 +342,8 @@ def timed_command(script, doc, argv, run_backend, table, batches, repeats, block
 
 
 # Each row's ratios: native time / ours (above 1: ours is faster), for these pairs where both were timed.
-RATIOS = (("native", "multicritic"), ("native_compiled", "multicritic"), ("native_cudagraphs", "multicritic"), ("native", "multicritic_eager"),
-          ("native_xla", "multicritic"), ("native", "multicritic_graph"))
+RATIOS = (("native", "multicritic"), ("native_compiled", "multicritic"), ("native_cudagraphs", "multicritic"),
+          ("native", "multicritic_eager"), ("native_xla", "multicritic"), ("native", "multicritic_graph"))
 
 
 def table(records):
@@ -352,14 +352,17 @@ def table(records):
     for r in records:
         if r["impl"] != "matmul_peak":
             rows.setdefault((r["backend"], r["size"], r["batch"]), {})[r["impl"]] = r
-    lines = ["| backend | size | batch | step ms (first call s) | native / ours | multicritic util | matmul peak GFLOP/s |",
+    lines = ["| backend | size | batch | step ms (first call s) | native / ours | multicritic util | "
+             "matmul peak GFLOP/s |",
              "|---|---|---:|---|---|---:|---:|"]
     for (backend, size, batch), impls in sorted(rows.items()):
-        times = ", ".join(f"{n} {r['step_ms']:.2f} ({r.get('first_call_s', float('nan')):.1f})" for n, r in impls.items())
+        times = ", ".join(f"{n} {r['step_ms']:.2f} ({r.get('first_call_s', float('nan')):.1f})"
+                          for n, r in impls.items())
         ratios = ", ".join(f"{a}/{b} {impls[a]['step_ms'] / impls[b]['step_ms']:.3f}" for a, b in RATIOS
                            if a in impls and b in impls)
         util = impls["multicritic"]["utilization"] if "multicritic" in impls else float("nan")
-        lines.append(f"| {backend} | {size} | {batch} | {times} | {ratios} | {100 * util:.1f}% | {peaks[backend]:.0f} |")
+        lines.append(f"| {backend} | {size} | {batch} | {times} | {ratios} | {100 * util:.1f}% | "
+                     f"{peaks[backend]:.0f} |")
     return "\n".join(lines)
 
 

@@ -60,8 +60,9 @@ versions; nothing outside the critic update, e.g. imagination or lambda-returns,
   ``DreamerV3Optimizer(list(value_loss.parameters()))`` with its defaults (AGC 0.3, LaProp-style RMS then
   momentum, lr 4e-5, eps 1e-20, 1000 warm-up steps; torchrl/trainers/algorithms/dreamer_v3.py:25-190,
   train.py:454-460, whose cfg.optimization values come from a config.yaml the wheel does not ship: the class
-  defaults are used, which are the official code's; no global-norm clip). Step = what ``DreamerV3OptimizationStepper`` does for this loss
-  (trainers/algorithms/dreamer_v3.py:363-378 eager, :464-466): ``value_loss(td)`` (objectives/dreamer_v3.py:
+  defaults are used, which are the official code's; no global-norm clip). Step = what
+  ``DreamerV3OptimizationStepper`` does for this loss (trainers/algorithms/dreamer_v3.py:363-378 eager, :464-466):
+  ``value_loss(td)`` (objectives/dreamer_v3.py:
   1317-1398: fast forward, slow forward under no_grad, two-hot CE of the targets and of the decoded slow
   value, weighted mean) on a TensorDict {belief, state, lambda_target, discount_weight} of batch [T, B];
   ``optimizer.zero_grad(set_to_none=False)``, backward, ``optimizer.step()``, ``SoftUpdate.step()``.

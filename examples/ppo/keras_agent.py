@@ -25,6 +25,7 @@ Prints the episodes' returns (in the environment's own units) as it goes;
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import time
@@ -64,10 +65,23 @@ def make_actor(obs_size, actions, units):
     return actor
 
 
+def head_spec(text):
+    """A head given on the command line: a registered name, or `name:option=value,...` for its own options
+    (`mse:symlog=False`, PPO's raw regression), as the spec the critic takes."""
+    name, _, options = text.partition(":")
+    if not options:
+        return name
+    config = {}
+    for item in options.split(","):
+        key, _, value = item.partition("=")
+        config[key] = ast.literal_eval(value)
+    return {"class_name": name, "config": config}
+
+
 def value_network(obs_size, head, units):
     """The built critic for `obs_size` observations: `h` is the observation, `z` one constant class."""
     critic = CriticNetwork(model_size=None, gru_units=obs_size, num_z_categoricals=1, num_z_classes=1,
-                           num_dense_layers=2, dense_hidden_units=units, head=head)
+                           num_dense_layers=2, dense_hidden_units=units, head=head_spec(head))
     critic(np.zeros((1, obs_size), "float32"), np.ones((1, 1, 1), "float32"))
     return critic
 

@@ -13,13 +13,15 @@ the chosen seed is in the error message. Scales must also be at least
 of the decoded value (about 1e-8 near 0) and the relative error measures
 rounding, not learning. Non-finite scales are refused.
 
-Heads and ensembles: `head` is the critic's value head ("two_hot", the
-reference; "hl_gauss"; "mse"), `ensemble` its number of members K (1 to
+Parts and ensembles: `head` is the critic's value head and `trunk` its trunk
+(registered names: `multicritic.heads.HEADS`, `multicritic.trunks.TRUNKS`;
+"two_hot" and "mlp" are the reference), `ensemble` its number of members K (1 to
 `MAX_ENSEMBLE`) and `aggregation` how the members' values are reduced, for
 the lambda-return targets and for the value the demo scores ("members":
 each member learns from its own targets and the demo scores their mean).
-"hl_gauss" needs the "uniform_symlog" bins; when `bin_scheme` is not given
-(None) it is "uniform_symlog" for "hl_gauss" and "symexp" otherwise.
+A head may support some bin schemes only (its registered `bin_schemes`:
+HL-Gauss needs "uniform_symlog"); when `bin_scheme` is not given (None) it is
+"symexp" where the head supports it, else the head's first scheme.
 "min_of_random" draws 2 members, so it needs an ensemble of 2 or more.
 """
 
@@ -33,18 +35,22 @@ from typing import Optional, Sequence
 import numpy as np
 
 from multicritic.demo.mdp import MDP, random_mdp
+from multicritic.heads import HEADS as HEAD_REGISTRY
+from multicritic.trunks import TRUNKS as TRUNK_REGISTRY
 
 DEFAULT_SCALES = (1.0, 1e3, 1e6)
 # Copies of multicritic.sizes.MODEL_SIZES and multicritic.bins.BIN_SCHEMES,
 # which import Keras (tests/demo/test_config.py keeps them equal).
 MODEL_SIZES = ("nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL")
 BIN_SCHEMES = ("uniform_symlog", "symexp")
-# Copies of multicritic.heads.HEADS and multicritic.critic.AGGREGATIONS (same test).
-HEADS = ("two_hot", "hl_gauss", "mse")
+# The registries' names (read without Keras); a copy of multicritic.critic.AGGREGATIONS (same test).
+HEADS = tuple(HEAD_REGISTRY)
+TRUNKS = tuple(TRUNK_REGISTRY)
 AGGREGATIONS = ("mean", "min", "min_of_random", "members")
 # A copy of multicritic.presets.PRESETS (same test).
 PRESETS = ("rllib-2023", "dreamerv3-2024")
 _PRESET_BINS = {"rllib-2023": "uniform_symlog", "dreamerv3-2024": "symexp"}
+_PRESET_PARTS = {"head": "two_hot", "trunk": "mlp"}  # both presets' parts
 MAX_ENSEMBLE = 64
 MIN_OF_RANDOM_SUBSET = 2  # the critic's default aggregation_subset
 # The critic's default value support: symexp(upper_bound=20).
@@ -61,8 +67,8 @@ class DemoConfig:
     (DreamerV3: 0.997); horizon 15, lambda 0.95 and the Adam epsilon 1e-5
     are DreamerV3's.
 
-    `bin_scheme=None` picks the head's default: "uniform_symlog" for
-    "hl_gauss" (the only scheme it supports), else "symexp".
+    `bin_scheme=None` picks the head's default: "symexp" where the head
+    supports it, else the first scheme it supports.
 
     `preset` ("rllib-2023" or "dreamerv3-2024", see `multicritic.presets`)
     takes the preset's critic architecture (bins, norm, biases,
@@ -84,6 +90,7 @@ class DemoConfig:
     learning_rate: float = 3e-3
     eval_every: int = 100
     head: str = "two_hot"
+    trunk: str = "mlp"
     ensemble: int = 1
     aggregation: str = "mean"
     preset: Optional[str] = None
@@ -93,9 +100,17 @@ class DemoConfig:
             self.bin_scheme = _PRESET_BINS.get(self.preset) or default_bin_scheme(self.head)
 
 
+def head_bin_schemes(head) -> tuple:
+    """The bin schemes `head` (a registered name) supports."""
+    if head not in HEAD_REGISTRY:
+        return BIN_SCHEMES
+    return tuple(HEAD_REGISTRY.traits(head).get("bin_schemes") or BIN_SCHEMES)
+
+
 def default_bin_scheme(head) -> str:
-    """The demo's bins for `head`: "uniform_symlog" for "hl_gauss" (which needs them), else "symexp"."""
-    return "uniform_symlog" if head == "hl_gauss" else "symexp"
+    """The demo's bins for `head`: "symexp" where the head supports it, else its first scheme."""
+    schemes = head_bin_schemes(head)
+    return "symexp" if "symexp" in schemes else schemes[0]
 
 
 def demo_mdp(config: DemoConfig, rng: Optional[np.random.Generator] = None) -> MDP:
@@ -123,8 +138,10 @@ def check_config(config: DemoConfig, flags: Optional[dict] = None) -> None:
     if config.preset is not None:
         if config.preset not in PRESETS:
             fail("preset", config.preset, f"one of {list(PRESETS)}")
-        if config.head != "two_hot":
-            fail("head", config.head, f"'two_hot' with {flags.get('preset', 'preset')} (the presets' head)")
+        for part, name in _PRESET_PARTS.items():
+            if getattr(config, part) != name:
+                fail(part, getattr(config, part),
+                     f"{name!r} with {flags.get('preset', 'preset')} (the presets' {part})")
         if config.bin_scheme != _PRESET_BINS[config.preset]:
             fail("bin_scheme", config.bin_scheme, f"{_PRESET_BINS[config.preset]!r} with "
                  f"{flags.get('preset', 'preset')} {config.preset} (or none: the preset sets it)")
@@ -134,9 +151,12 @@ def check_config(config: DemoConfig, flags: Optional[dict] = None) -> None:
         fail("bin_scheme", config.bin_scheme, f"one of {list(BIN_SCHEMES)}")
     if not isinstance(config.head, str) or config.head not in HEADS:
         fail("head", config.head, f"one of {list(HEADS)}")
-    if config.head == "hl_gauss" and config.bin_scheme != "uniform_symlog":
-        fail("bin_scheme", config.bin_scheme, f"'uniform_symlog' with {flags.get('head', 'head')} hl_gauss "
-             "(HL-Gauss targets are Gaussians over uniform symlog-space buckets)")
+    if not isinstance(config.trunk, str) or config.trunk not in TRUNKS:
+        fail("trunk", config.trunk, f"one of {list(TRUNKS)}")
+    schemes = head_bin_schemes(config.head)
+    if config.bin_scheme not in schemes:
+        fail("bin_scheme", config.bin_scheme, f"one of {list(schemes)} with {flags.get('head', 'head')} "
+             f"{config.head} (the schemes the head supports)")
     if not _is_int(config.ensemble) or not 1 <= config.ensemble <= MAX_ENSEMBLE:
         fail("ensemble", config.ensemble, f"an integer in [1, {MAX_ENSEMBLE}]")
     if not isinstance(config.aggregation, str) or config.aggregation not in AGGREGATIONS:

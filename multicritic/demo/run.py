@@ -18,6 +18,8 @@ across the states (`ScaleResult.member_spread_error_pearson` / `_spearman`).
 
 from __future__ import annotations
 
+import random
+
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -136,12 +138,16 @@ class Session:
                     "num_z_classes")
             architecture = {k: v for k, v in self.options["critic"].items() if k not in dims}
         return CriticNetwork(**{"bin_scheme": config.bin_scheme, **architecture}, model_size=config.size,
-                             head=config.head, ensemble_size=config.ensemble, aggregation=config.aggregation)
+                             head=config.head, trunk=config.trunk, ensemble_size=config.ensemble,
+                             aggregation=config.aggregation)
 
     def reset(self) -> None:
         """A fresh critic (the same initial weights as a new one) and a fresh trainer state."""
         config = self.config
-        keras.utils.set_random_seed(config.seed)
+        # Python's and numpy's streams are what a new critic's weights and the demo's draws read; not
+        # keras.utils.set_random_seed, which imports TensorFlow wherever it is installed.
+        random.seed(config.seed)
+        np.random.seed(config.seed)
         fresh = self._new_critic()
         if self.critic is not None:
             self.critic.set_weights(fresh.get_weights())
@@ -291,7 +297,8 @@ def to_json(config: DemoConfig, results: Sequence[ScaleResult], include_values: 
             item.pop("learned_values")
             item.pop("member_spreads")
         scales.append(item)
-    return {"backend": keras.backend.backend(), "config": asdict(config) | {"scales": list(config.scales)}, "scales": scales}
+    return {"backend": keras.backend.backend(), "config": asdict(config) | {"scales": list(config.scales)},
+            "scales": scales}
 
 
 def plot(results: Sequence[ScaleResult], path: str, title: Optional[str] = None) -> None:

@@ -1,22 +1,59 @@
-"""The critic's value heads, by the name the critic's `head` option takes."""
+"""The critic's value heads, registered by the name the critic's `head` option takes.
 
-from multicritic.heads.base import ValueHead
-from multicritic.heads.hl_gauss import HLGaussHead, hl_gauss
-from multicritic.heads.mse import MSEHead
-from multicritic.heads.two_hot import RewardPredictorLayer
+`HEADS` maps each name to its class, imported on first use (the names are read
+before Keras is imported). A new head is one module plus its line here.
+"""
 
-HEADS = {
-    "two_hot": RewardPredictorLayer,
-    "hl_gauss": HLGaussHead,
-    "mse": MSEHead,
+from multicritic.registry import Registry, declare
+
+# Options the critic gives every head: the value support.
+SUPPORT = ("num_buckets", "lower_bound", "upper_bound", "bin_scheme")
+"""The options the critic gives every head (the value support); a head's own options are the rest."""
+
+HEADS = Registry(
+    "head",
+    {
+        "two_hot": declare("multicritic.heads.two_hot:TwoHotHead"),
+        "hl_gauss": declare("multicritic.heads.hl_gauss:HLGaussHead", bin_schemes=("uniform_symlog",)),
+        "mse": declare("multicritic.heads.mse:MSEHead"),
+        "quantile": declare("multicritic.heads.quantile:QuantileHead"),
+    },
+    shared=SUPPORT,
+)
+"""The value heads by the name `CriticNetwork(head=...)` takes: `two_hot` (the reference), `hl_gauss`, `mse`,
+`quantile`."""
+
+_EXPORTS = {
+    "ValueHead": "multicritic.heads.base",
+    "TwoHotHead": "multicritic.heads.two_hot",
+    "RewardPredictorLayer": "multicritic.heads.two_hot",
+    "HLGaussHead": "multicritic.heads.hl_gauss",
+    "MSEHead": "multicritic.heads.mse",
+    "QuantileHead": "multicritic.heads.quantile",
 }
 
 
+def __getattr__(name):
+    # The classes load with Keras, on first use: `HEADS`'s names are read before Keras is imported.
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'multicritic.heads' has no attribute {name!r}")
+
+
 def get(name):
-    """The head class registered as `name`."""
-    if not isinstance(name, str) or name not in HEADS:
-        raise ValueError(f"head: got {name!r}, expected one of {list(HEADS)}.")
-    return HEADS[name]
+    """The head class registered as `name`, else a `ValueError` naming `head`."""
+    return HEADS[HEADS.checked_name(name)]
 
 
-__all__ = ["HEADS", "HLGaussHead", "MSEHead", "RewardPredictorLayer", "ValueHead", "get", "hl_gauss"]
+def legacy_spec(head, hl_gauss_sigma=None):
+    """The spec a config written by 0.1.0 meant: `head` a name, with the critic's `hl_gauss_sigma` option
+    (since moved into `HLGaussHead(sigma=...)`)."""
+    if not isinstance(head, str):
+        return head
+    options = {} if hl_gauss_sigma is None or head != "hl_gauss" else {"sigma": float(hl_gauss_sigma)}
+    return {"class_name": head, "config": options}
+
+
+__all__ = ["HEADS", "SUPPORT", "get", "legacy_spec", *_EXPORTS]

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import keras
 from keras import ops
 
 from multicritic import backend
-from multicritic.bins import bucket_values, check_bin_args, expected_value
+from multicritic.bins import bucket_range, bucket_values, check_bin_args, expected_value
+from multicritic.heads import HEADS
 from multicritic.layers.mlp import dense_layer
 from multicritic.layers.dispatch import call_layer
 from multicritic.validation import cast_to, integer
 
 
 class ValueHead(keras.layers.Layer):
-    """Base class of the critic's value heads: a zero-initialised linear output and its loss.
+    """Base class of the critic's value heads: a zero-initialised linear output, its decode and its loss.
 
-    A head maps the MLP's features to `(value_symlog, logits)` and knows the
+    A head maps the trunk's features to `(value_symlog, logits)` and knows the
     per-position loss against real-space return targets and its slow-critic
     regulariser. Its output `Dense` (named `reward_buckets`, the reference's
     layout) starts at zero: a new distributional head predicts a uniform
@@ -26,9 +28,15 @@ class ValueHead(keras.layers.Layer):
     mixed ones included (the precision contract: the same on every backend,
     symbolic calls included).
 
+    The support (`num_buckets`, the bounds, `bin_scheme`) is shared by all
+    heads: the critic gives it. Anything else a head takes is its own option,
+    kept as an attribute and in `get_config`; the critic, the loss and the
+    checkpoints read it from there (see `multicritic.registry`).
+
     A new head is a subclass in its own module, registered in
-    `multicritic.heads.HEADS`: it sets `output_units` and overrides `decode`
-    and `position_losses` (and `check_options` for options of its own).
+    `multicritic.heads.HEADS`: it sets `units` (when not `num_buckets`) and
+    overrides `decode` and `position_losses` (and `outside_support` when it
+    has no bucket support). See the docs' "Adding a part".
 
     Args:
         num_buckets: buckets of the distribution (>= 2).
@@ -42,8 +50,8 @@ class ValueHead(keras.layers.Layer):
         inputs: `[..., dim]`, or member-major `[K, B, dim]` with members.
 
     Returns:
-        `(value_symlog [...], logits [..., output_units])` in float32 (with
-        members `[K, B]` and `[K, B, output_units]`).
+        `(value_symlog [...], logits [..., units])` in float32 (with members
+        `[K, B]` and `[K, B, units]`).
     """
 
     # Slow-critic regularisers this head supports (see `critic_loss`).
@@ -59,7 +67,12 @@ class ValueHead(keras.layers.Layer):
         members: Optional[int] = None,
         **kwargs,
     ):
-        self.check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
+        check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
+        schemes = _traits(type(self)).get("bin_schemes")
+        if schemes and bin_scheme not in schemes:
+            raise ValueError(
+                f"bin_scheme: got {bin_scheme!r} with head={HEADS.name_of(self)!r}, expected one of {list(schemes)}."
+            )
         if members is not None:
             integer("members", members)
         kwargs.setdefault("dtype", "float32")
@@ -72,7 +85,7 @@ class ValueHead(keras.layers.Layer):
         # Build the bucket tables now, outside any compiled function.
         bucket_values(num_buckets, lower_bound, upper_bound, bin_scheme)
         self.reward_buckets_layer = dense_layer(
-            self.output_units(self.num_buckets),
+            self.units,
             members=self.members,
             use_bias=True,
             kernel_initializer="zeros",
@@ -81,31 +94,24 @@ class ValueHead(keras.layers.Layer):
             name="reward_buckets",
         )
 
-    @staticmethod
-    def output_units(num_buckets: int) -> int:
-        """Width of the logits."""
-        return num_buckets
-
-    @classmethod
-    def check_options(cls, num_buckets, lower_bound, upper_bound, bin_scheme, **options) -> None:
-        """Raises a `ValueError` for options this head cannot use."""
-        check_bin_args(num_buckets, lower_bound, upper_bound, bin_scheme)
+    @property
+    def units(self) -> int:
+        """Width of the logits (`num_buckets` for a bucket head)."""
+        return self.num_buckets
 
     def build(self, input_shape):
         self.reward_buckets_layer.build(tuple(input_shape))
 
     def call(self, inputs):
         logits = cast_to(call_layer(self.reward_buckets_layer, inputs), "float32")
-        return self.decode(logits, self.num_buckets, self.lower_bound, self.upper_bound, self.bin_scheme), logits
+        return self.decode(logits), logits
 
-    @staticmethod
-    def decode(logits, num_buckets, lower_bound, upper_bound, bin_scheme, **options):
-        """The expected value in symlog space of `logits [..., output_units]`: `[...]`."""
-        return expected_value(backend.current().softmax(logits), num_buckets, lower_bound, upper_bound, bin_scheme)
+    def decode(self, logits):
+        """The expected value in symlog space of `logits [..., units]`: `[...]`."""
+        return expected_value(backend.current().softmax(logits), self.num_buckets, self.lower_bound,
+                              self.upper_bound, self.bin_scheme)
 
-    @staticmethod
-    def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
-                        lower_bound, upper_bound, bin_scheme, **options):
+    def position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer):
         """Per-position `(value_term, ema_term)`, each `[...]`, for finite real-space `value_targets`.
 
         `ema_term` is the slow-critic regulariser (`regularizer` one of
@@ -114,25 +120,31 @@ class ValueHead(keras.layers.Layer):
         """
         raise NotImplementedError
 
-    @classmethod
-    def weighted_position_losses(cls, logits, value_targets, ema_value_symlog, ema_logits, *, ema_weight, **options):
+    def weighted_position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer,
+                                 ema_weight):
         """`(value_term + ema_weight * ema_term, value_term, ema_term)` of `position_losses` (the first is
         `value_term` when `ema_term` is None). A head whose two terms come from shared work may override it to
         sum them in one reduction: the first is the term the loss differentiates, so its gradient then has no
         slices to pad back."""
-        value_term, ema_term = cls.position_losses(logits, value_targets, ema_value_symlog, ema_logits, **options)
+        value_term, ema_term = self.position_losses(logits, value_targets, ema_value_symlog, ema_logits,
+                                                    regularizer=regularizer)
         if ema_term is None:
             return value_term, value_term, None
         return value_term + (ema_term if ema_weight == 1.0 else ema_weight * ema_term), value_term, ema_term
 
-    @staticmethod
-    def has_support() -> bool:
-        """Whether targets outside the support are clipped (`clipped_fraction` counts them)."""
-        return True
+    def outside_support(self, value_targets):
+        """Whether each finite real-space target lies outside what the head can represent (it is clipped
+        there): a bool tensor shaped like `value_targets`, or `None` for a head without a support."""
+        low, high = bucket_range(self.num_buckets, self.lower_bound, self.upper_bound, self.bin_scheme)
+        if self.bin_scheme == "uniform_symlog":
+            low, high = math.copysign(math.expm1(abs(low)), low), math.copysign(math.expm1(abs(high)), high)
+        if low == -high:
+            return ops.abs(value_targets) > high
+        return ops.logical_or(value_targets < low, value_targets > high)
 
     def compute_output_shape(self, input_shape):
         lead = tuple(input_shape)[:-1]
-        return lead, lead + (self.output_units(self.num_buckets),)
+        return lead, lead + (self.units,)
 
     def compute_output_spec(self, inputs):
         # The outputs are float32 under every policy (the precision contract), symbolically as eagerly.
@@ -150,6 +162,14 @@ class ValueHead(keras.layers.Layer):
             }
         )
         return config
+
+
+def _traits(cls):
+    """The registered traits of head class `cls` (none for a class not registered)."""
+    for name in HEADS:
+        if HEADS[name] is cls:
+            return HEADS.traits(name)
+    return {}
 
 
 def cross_entropy(target_probs, logp):

@@ -110,9 +110,9 @@ class HLGaussHead(ValueHead):
         inputs: `[..., dim]` (`[K, B, dim]` with members).
 
     Returns:
-        `(value_symlog, logits)` as `RewardPredictorLayer`.
+        `(value_symlog, logits)` as `TwoHotHead`.
 
-    Example:
+    Examples:
         >>> head = HLGaussHead(sigma=0.75)
         >>> value, logits = head(np.ones((2, 256), "float32"))
         >>> logits.shape
@@ -126,23 +126,12 @@ class HLGaussHead(ValueHead):
 
     def __init__(self, *, sigma: float = 0.75, **kwargs):
         self.sigma = check_sigma(sigma, kwargs.get("num_buckets", 255), kwargs.get("lower_bound", -20.0),
-                                 kwargs.get("upper_bound", 20.0))
+                                 kwargs.get("upper_bound", 20.0), name="sigma")
         super().__init__(**kwargs)
 
-    @classmethod
-    def check_options(cls, num_buckets, lower_bound, upper_bound, bin_scheme, **options):
-        super().check_options(num_buckets, lower_bound, upper_bound, bin_scheme)
-        if bin_scheme != "uniform_symlog":
-            raise ValueError(
-                f"bin_scheme: got {bin_scheme!r} with head='hl_gauss', expected 'uniform_symlog' "
-                "(HL-Gauss histograms need a uniform grid)."
-            )
-
-    @staticmethod
-    def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
-                        lower_bound, upper_bound, bin_scheme, sigma=0.75, **options):
+    def position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer):
         logp = backend.current().log_softmax(logits)
-        support = (num_buckets, lower_bound, upper_bound, sigma)
+        support = (self.num_buckets, self.lower_bound, self.upper_bound, self.sigma)
         if ema_value_symlog is not None and regularizer == "two_hot_mean":
             both = hl_gauss(ops.stack([symlog(value_targets), ema_value_symlog], axis=-1), *support)
             return cross_entropy(both[..., 0, :], logp), cross_entropy(both[..., 1, :], logp)

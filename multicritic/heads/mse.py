@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import ops
 
-from multicritic.bins import symlog
+from multicritic.bins import inverse_symlog, symlog as symlog_fn
 from multicritic.heads.base import ValueHead
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
 class MSEHead(ValueHead):
-    """A scalar regression head in symlog space: the critic's `head="mse"`.
+    """A scalar regression head: the critic's `head="mse"`.
 
     One zero-initialised `Dense(1)` predicts `symlog(G)` directly; the loss
     is `0.5 * (v - symlog(G))^2` and the slow-critic regulariser
@@ -21,7 +22,14 @@ class MSEHead(ValueHead):
     targets are not clipped and `clipped_fraction` is 0. The bucket options
     are kept (and checked) only so that configs stay uniform.
 
+    With `symlog=False` it is the plain regression critic of model-free
+    agents (PPO's value loss): it predicts `G` itself, the loss is
+    `0.5 * (v - G)^2` in real space and the decoded value is `symlog(v)`
+    (the critic's values are symlog-space). Its gradients grow with the
+    reward scale: the ablation the symlog transform answers.
+
     Args:
+        symlog: regress on `symlog(G)` (True, DreamerV3) or on `G` (False).
         **kwargs: as `ValueHead` (`members`, `dtype`, ...).
 
     Call arguments:
@@ -30,7 +38,7 @@ class MSEHead(ValueHead):
     Returns:
         `(value_symlog [...], logits [..., 1])`.
 
-    Example:
+    Examples:
         >>> value, logits = MSEHead()(np.ones((2, 256), "float32"))
         >>> value.shape, logits.shape
         ((2,), (2, 1))
@@ -42,22 +50,35 @@ class MSEHead(ValueHead):
 
     regularizers = ("two_hot_mean",)
 
-    @staticmethod
-    def output_units(num_buckets: int) -> int:
+    def __init__(self, *, symlog: bool = True, **kwargs):
+        if not isinstance(symlog, (bool, np.bool_)):
+            raise ValueError(f"symlog: got {symlog!r}, expected True or False.")
+        self.symlog = bool(symlog)
+        super().__init__(**kwargs)
+
+    @property
+    def units(self) -> int:
         return 1
 
-    @staticmethod
-    def decode(logits, num_buckets, lower_bound, upper_bound, bin_scheme, **options):
-        return logits[..., 0]
-
-    @staticmethod
-    def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
-                        lower_bound, upper_bound, bin_scheme, **options):
+    def decode(self, logits):
         value = logits[..., 0]
-        value_term = 0.5 * ops.square(value - symlog(value_targets))
-        ema_term = None if ema_value_symlog is None else 0.5 * ops.square(value - ema_value_symlog)
+        # The critic's values are symlog-space: a raw regression's prediction is mapped there.
+        return value if self.symlog else symlog_fn(value)
+
+    def position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer):
+        value = logits[..., 0]
+        if self.symlog:
+            value_term = 0.5 * ops.square(value - symlog_fn(value_targets))
+            ema_term = None if ema_value_symlog is None else 0.5 * ops.square(value - ema_value_symlog)
+        else:
+            value_term = 0.5 * ops.square(value - value_targets)
+            ema_term = None if ema_value_symlog is None else 0.5 * ops.square(value - inverse_symlog(ema_value_symlog))
         return value_term, ema_term
 
-    @staticmethod
-    def has_support() -> bool:
-        return False
+    def outside_support(self, value_targets):
+        return None
+
+    def get_config(self):
+        config = super().get_config()
+        config["symlog"] = self.symlog
+        return config

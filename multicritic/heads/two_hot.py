@@ -10,8 +10,7 @@ from multicritic.bins import inverse_symlog, symlog, two_hot_indices
 from multicritic.heads.base import ValueHead, cross_entropy
 
 
-@keras.saving.register_keras_serializable(package="multicritic")
-class RewardPredictorLayer(ValueHead):
+class TwoHotHead(ValueHead):
     """Predicts a distribution over `num_buckets` value buckets and its mean; trained on two-hot targets.
 
     One `Dense(num_buckets)` whose kernel and bias start at zero, so a new head
@@ -20,7 +19,8 @@ class RewardPredictorLayer(ValueHead):
     reward predictor and critic to zeros", Hafner et al. 2023). The head
     always computes in float32, whatever the dtype policy: logits, buckets
     and the decoded value are float32 (the precision contract under
-    `mixed_bfloat16` / `mixed_float16`). The critic's `head="two_hot"`.
+    `mixed_bfloat16` / `mixed_float16`). The critic's `head="two_hot"`;
+    `RewardPredictorLayer`, the reference's name for it, is the same class.
 
     Its loss is the cross-entropy to the two-hot encoding of the target
     (`multicritic.bins.two_hot`), computed from the two non-zero buckets.
@@ -41,8 +41,8 @@ class RewardPredictorLayer(ValueHead):
         `(value_symlog, logits)`: the expected value in symlog space `[...]`
         and the float32 logits `[..., num_buckets]`.
 
-    Example:
-        >>> head = RewardPredictorLayer()
+    Examples:
+        >>> head = TwoHotHead()
         >>> value, logits = head(np.ones((2, 256), "float32"))
         >>> value.shape, logits.shape
         ((2,), (2, 255))
@@ -52,17 +52,15 @@ class RewardPredictorLayer(ValueHead):
         RLlib's `dreamerv3/tf/models/components/reward_predictor_layer.py`.
     """
 
-    @staticmethod
-    def position_losses(logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, num_buckets,
-                        lower_bound, upper_bound, bin_scheme, **options):
-        _, value_term, ema_term = RewardPredictorLayer.weighted_position_losses(
-            logits, value_targets, ema_value_symlog, ema_logits, ema_weight=1.0, regularizer=regularizer,
-            num_buckets=num_buckets, lower_bound=lower_bound, upper_bound=upper_bound, bin_scheme=bin_scheme)
+    def position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer):
+        _, value_term, ema_term = self.weighted_position_losses(
+            logits, value_targets, ema_value_symlog, ema_logits, regularizer=regularizer, ema_weight=1.0)
         return value_term, ema_term
 
-    @classmethod
-    def weighted_position_losses(cls, logits, value_targets, ema_value_symlog, ema_logits, *, ema_weight,
-                                 regularizer, num_buckets, lower_bound, upper_bound, bin_scheme, **options):
+    def weighted_position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer,
+                                 ema_weight):
+        num_buckets, lower_bound, upper_bound, bin_scheme = (self.num_buckets, self.lower_bound, self.upper_bound,
+                                                             self.bin_scheme)
         logp = backend.current().log_softmax(logits)
         two_hot_ema = ema_value_symlog is not None and regularizer == "two_hot_mean"
         # Both two-hot targets at once, in the space the scheme interpolates in.
@@ -96,3 +94,13 @@ class RewardPredictorLayer(ValueHead):
             ema_term = cross_entropy(ops.stop_gradient(backend.current().softmax(ema_logits)), logp)
             return value_term + (ema_term if ema_weight == 1.0 else ema_weight * ema_term), value_term, ema_term
         return value_term, value_term, None
+
+
+
+# Keras names a layer's arrays in weight files and `.keras` archives after its class's `__name__`: the head keeps
+# the reference's name there (RLlib's `RewardPredictorLayer`), so that every file written since 0.1.0 loads.
+TwoHotHead.__name__ = TwoHotHead.__qualname__ = "RewardPredictorLayer"
+keras.saving.register_keras_serializable(package="multicritic")(TwoHotHead)
+keras.saving.get_custom_objects()["multicritic>TwoHotHead"] = TwoHotHead
+RewardPredictorLayer = TwoHotHead
+"""`TwoHotHead` under the reference's name (RLlib's `RewardPredictorLayer`): the same class."""

@@ -9,14 +9,16 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import integrity, members
+from multicritic import critic_options, heads, integrity, members, trunks
 
 # The two architectures the codebases share (with their `input_layout`): the 2023 paper's (RLlib, sheeprl,
 # NM512) and the official 2024 code's (TorchRL follows it).
 ARCHITECTURE_2023 = dict(norm="layer", norm_epsilon=1e-3, use_bias=False, bin_scheme="uniform_symlog",
-                         lower_bound=-20.0, upper_bound=20.0, head="two_hot")
+                         lower_bound=-20.0, upper_bound=20.0, head="two_hot", trunk="mlp")
 ARCHITECTURE_2024 = dict(norm="rms", norm_epsilon=1e-4, use_bias=True, bin_scheme="symexp", lower_bound=-20.0,
-                         upper_bound=20.0, head="two_hot")
+                         upper_bound=20.0, head="two_hot", trunk="mlp")
+# The critic's parts, compared as the specs its config holds.
+_PARTS = {"head": (heads.HEADS, critic_options.support_of), "trunk": (trunks.TRUNKS, critic_options.trunk_options_of)}
 # Not compared on load (it only says how new weights are drawn): the official fan-in truncated normal.
 TRUNC_NORMAL_IN = dict(kernel_initializer=keras.initializers.VarianceScaling(1.0, "fan_in", "truncated_normal"))
 
@@ -74,9 +76,16 @@ def check_options(critic, source: str, required: Mapping[str, object], builder: 
     """Raises a `ValueError` naming `critic` when it is not a built `CriticNetwork`, or the first option that
     differs from the source's architecture."""
     check_critic(critic)
+    config = critic.get_config()
     for option, want in required.items():
-        got = getattr(critic, option)
-        if got != want:
+        if option in _PARTS:
+            registry, shared = _PARTS[option]
+            got, want_spec = config[option], registry.canonical(want, shared(config))
+            if got != want_spec:
+                got = got["class_name"] if got["class_name"] != want else got
+        else:
+            got, want_spec = getattr(critic, option), want
+        if got != want_spec:
             raise ValueError(
                 f"critic: got {option}={got!r}; {source}'s critic has {option}={want!r}. Build the critic with "
                 f"{builder}."

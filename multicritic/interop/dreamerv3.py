@@ -28,6 +28,7 @@ from typing import Dict, Mapping, Optional
 
 
 from multicritic.interop import _common
+from multicritic.interop.adapter import HostAdapter
 
 CRITIC_OPTIONS = dict(input_layout="h_z", **_common.ARCHITECTURE_2024, **_common.TRUNC_NORMAL_IN)
 _CHECKED = dict(input_layout="h_z", **_common.ARCHITECTURE_2024)
@@ -78,3 +79,9 @@ def dreamerv3_critic(params: Mapping, *, gru_units: int, num_z_categoricals: int
     return _common.build(lambda critic: load_dreamerv3(critic, params), _key, False, fast, gru_units=gru_units,
                          num_z_categoricals=num_z_categoricals, num_z_classes=num_z_classes, options=CRITIC_OPTIONS,
                          what="params (val/)", **kwargs)
+
+
+ADAPTER = HostAdapter(
+    name="dreamerv3", title="the official JAX code (2024)", options=CRITIC_OPTIONS,
+    load=lambda critic, state, member=None: load_dreamerv3(critic, state, member),
+    export=export_dreamerv3, build=dreamerv3_critic, key=_key)

@@ -11,8 +11,9 @@ head `mean_layer.weight` `[255, units]` / `mean_layer.bias` (zero-initialised,
 `outscale=0`). Linear weights are transposed to Keras kernels. Per layer:
 Linear -> LayerNorm -> SiLU (2 layers of the global `units`, 512, by
 default); hidden weights `tools.weight_init` (truncated normal, std
-`sqrt(1 / mean(fan_in, fan_out)) / 0.8796`), LayerNorm weight 1, bias 0. The feature is `get_feat(state) = cat([flatten(stoch), deter])`:
-z first, our `input_layout="z_h"`. `DiscDist`: 255 buckets
+`sqrt(1 / mean(fan_in, fan_out)) / 0.8796`), LayerNorm weight 1, bias 0. The
+feature is `get_feat(state) = cat([flatten(stoch), deter])`: z first, our
+`input_layout="z_h"`. `DiscDist`: 255 buckets
 `linspace(-20, 20)` in symlog space, `mean()` = `mode()` =
 `symexp(sum(probs * buckets))`: our `bin_scheme="uniform_symlog"`. Keys
 prefixed by a torch.compile / DDP / Fabric wrapper (`_orig_mod.`, `module.`,
@@ -31,6 +32,7 @@ from __future__ import annotations
 from typing import Dict, Mapping, Optional, Tuple
 
 from multicritic.interop import _common
+from multicritic.interop.adapter import HostAdapter
 
 CRITIC_OPTIONS = dict(input_layout="z_h", **_common.ARCHITECTURE_2023)
 _BUILDER = "CriticNetwork(..., **multicritic.interop.nm512.CRITIC_OPTIONS)"
@@ -100,10 +102,17 @@ def nm512_modules(critic, outputs: str = "logits"):
         ValueError: when `critic` is not a built single critic of NM512's
             architecture, or not on the PyTorch backend.
 
-    Example:
+    Examples:
         >>> ours = nm512_critic(behavior.value.state_dict(), behavior._slow_value.state_dict(),
         ...                     gru_units=..., num_z_categoricals=..., num_z_classes=...)
         >>> value, slow_value = nm512_modules(ours)
     """
     fast, ema = _common.view_layouts(critic, _layout(critic))
     return critic.fast_module(outputs=outputs, layout=fast), critic.ema_module(outputs=outputs, layout=ema)
+
+
+ADAPTER = HostAdapter(
+    name="nm512", title="NM512/dreamerv3-torch", options=CRITIC_OPTIONS,
+    load=lambda critic, state, member=None: load_nm512(critic, *state, member=member),
+    export=export_nm512, build=lambda state, **sizes: nm512_critic(*state, **sizes), modules=nm512_modules,
+    key=_key)

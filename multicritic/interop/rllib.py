@@ -40,6 +40,7 @@ import numpy as np
 from multicritic import integrity, members
 from multicritic.critic import CriticNetwork
 from multicritic.interop import _common
+from multicritic.interop.adapter import HostAdapter
 
 CRITIC_OPTIONS = dict(input_layout="h_z", **_common.ARCHITECTURE_2023)
 _BUILDER = "CriticNetwork(...) with its default architecture options (multicritic.interop.rllib.CRITIC_OPTIONS)"
@@ -199,3 +200,13 @@ def rllib_torch_module(critic: CriticNetwork):
     """
     fast, ema = _common.view_layouts(critic, _torch_layout(critic))
     return critic.torch_module(layout=(fast, [(_swap_prefix(k, _EMA_PREFIXES), v, t) for k, v, t in ema]))
+
+
+ADAPTER = HostAdapter(
+    name="rllib", title="RLlib TensorFlow (ray <= 2.48)", options=CRITIC_OPTIONS,
+    load=lambda critic, state, member=None: load_rllib_weights(critic, state, member),
+    export=export_rllib_weights)
+TORCH_ADAPTER = HostAdapter(
+    name="rllib_torch", title="RLlib PyTorch (ray >= 2.49)", options=CRITIC_OPTIONS,
+    load=lambda critic, state, member=None: load_rllib_torch(critic, state, member),
+    export=export_rllib_torch, build=rllib_torch_critic, modules=rllib_torch_module, key=_torch_key)

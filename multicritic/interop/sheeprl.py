@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Dict, Mapping, Optional, Tuple
 
 from multicritic.interop import _common
+from multicritic.interop.adapter import HostAdapter
 
 CRITIC_OPTIONS = dict(input_layout="z_h", **_common.ARCHITECTURE_2023)
 _BUILDER = "CriticNetwork(..., **multicritic.interop.sheeprl.CRITIC_OPTIONS)"
@@ -107,3 +108,10 @@ def sheeprl_modules(critic, outputs: str = "logits"):
     """
     fast, ema = _common.view_layouts(critic, _layout(critic))
     return critic.fast_module(outputs=outputs, layout=fast), critic.ema_module(outputs=outputs, layout=ema)
+
+
+ADAPTER = HostAdapter(
+    name="sheeprl", title="sheeprl 0.8.4", options=CRITIC_OPTIONS,
+    load=lambda critic, state, member=None: load_sheeprl(critic, *state, member=member),
+    export=export_sheeprl, build=lambda state, **sizes: sheeprl_critic(*state, **sizes), modules=sheeprl_modules,
+    key=_key)

@@ -34,6 +34,7 @@ import numpy as np
 
 from multicritic.bins import bucket_values
 from multicritic.interop import _common
+from multicritic.interop.adapter import HostAdapter
 
 CRITIC_OPTIONS = dict(input_layout="h_z", **_common.ARCHITECTURE_2024, **_common.TRUNC_NORMAL_IN)
 _CHECKED = dict(input_layout="h_z", **_common.ARCHITECTURE_2024)
@@ -159,7 +160,7 @@ def torchrl_modules(critic, outputs: str = "logits"):
         ValueError: when `critic` is not a built single critic of TorchRL's
             architecture, or not on the PyTorch backend.
 
-    Example:
+    Examples:
         >>> ours = torchrl_critic(value_model.state_dict(), gru_units=..., num_z_categoricals=..., num_z_classes=...)
         >>> value_view, slow_view = torchrl_modules(ours)
         >>> value_view.load_state_dict(value_model.state_dict())   # strict: weights and bins
@@ -169,3 +170,10 @@ def torchrl_modules(critic, outputs: str = "logits"):
     constant = [(BINS_KEY, bins, "constant")]
     return (critic.fast_module(outputs=outputs, layout=fast + constant),
             critic.ema_module(outputs=outputs, layout=ema + constant))
+
+
+ADAPTER = HostAdapter(
+    name="torchrl", title="TorchRL 0.14.1", options=CRITIC_OPTIONS,
+    load=lambda critic, state, member=None: load_torchrl(critic, *state, member=member),
+    export=export_torchrl, build=lambda state, **sizes: torchrl_critic(*state, **sizes), modules=torchrl_modules,
+    key=_key)

@@ -18,7 +18,7 @@ class MemberwiseInitializer(keras.initializers.Initializer):
     Args:
         initializer: the per-member initializer (name, config or instance).
 
-    Example:
+    Examples:
         >>> init = MemberwiseInitializer("glorot_uniform")
         >>> init((5, 64, 32)).shape  # 5 glorot-uniform [64, 32] kernels
         (5, 64, 32)
@@ -28,11 +28,13 @@ class MemberwiseInitializer(keras.initializers.Initializer):
         self.initializer = keras.initializers.get(initializer)
 
     def __call__(self, shape, dtype=None):
-        base = keras.initializers.serialize(self.initializer)
-        seed = self.initializer.get_config().get("seed") if hasattr(self.initializer, "get_config") else None
+        # A fresh copy per member from its config (not Keras's serialize, which imports TensorFlow wherever it
+        # is installed): an unseeded copy draws its own seed, as a new layer's initializer does.
+        config = self.initializer.get_config()
+        seed = config.get("seed")
         members = []
         for k in range(int(shape[0])):
-            init = keras.initializers.deserialize(base)
+            init = type(self.initializer).from_config(dict(config))
             if isinstance(seed, int) and hasattr(init, "seed"):
                 init = type(init).from_config(dict(init.get_config(), seed=seed + k))
             members.append(init(tuple(shape[1:]), dtype=dtype))

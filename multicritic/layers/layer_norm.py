@@ -119,7 +119,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
     Returns:
         The normalised inputs, same shape, in the layer's compute dtype.
 
-    Example:
+    Examples:
         >>> norm = LayerNormalization(members=5)
         >>> norm(np.ones((5, 8, 16), "float32")).shape
         (5, 8, 16)

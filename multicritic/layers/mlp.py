@@ -158,7 +158,7 @@ class MLP(keras.layers.Layer):
         dense_hidden_units]` with members), or the output layer's width with
         one.
 
-    Example:
+    Examples:
         >>> mlp = MLP(model_size="XS")
         >>> mlp(np.zeros((4, 1280), "float32")).shape
         (4, 256)

@@ -29,6 +29,7 @@ import numpy as np
 
 from multicritic import integrity
 from multicritic.critic_options import upgrade_config
+from multicritic.training.options import TrainerOptions
 
 FORMAT = "multicritic-trainer-checkpoint-2"
 LEGACY_FORMATS = ("multicritic-trainer-checkpoint-1",)
@@ -38,9 +39,9 @@ IGNORED_CRITIC_KEYS = ("name", "dtype", "trainable", "kernel_initializer")  # (t
 MATH_OPTIONS = ("gamma", "lambda_", "grad_clip", "ema_update_period", "ema_regularizer_weight", "ema_regularizer",
                 "ema_targets", "ema_update_first", "value_loss_weight", "replay_loss_weight", "replay_discount")
 # The values files written before an option existed meant.
-_OPTION_DEFAULTS = {"ema_update_period": 1, "ema_regularizer_weight": 1.0, "ema_regularizer": "two_hot_mean",
-                    "ema_targets": False, "ema_update_first": False, "value_loss_weight": 1.0,
-                    "replay_loss_weight": 0.3, "replay_discount": 1.0 - 1.0 / 333}
+_OPTION_DEFAULTS = TrainerOptions.defaults(
+    ("ema_update_period", "ema_regularizer_weight", "ema_regularizer", "ema_targets", "ema_update_first",
+     "value_loss_weight", "replay_loss_weight", "replay_discount"))
 
 
 def _key(var, critic_name: str, optimizer_vars: set, steps, inner_vars: frozenset = frozenset()) -> str:
@@ -144,7 +145,9 @@ def _read(path):
             meta = json.loads(str(archive["meta"][()]))
             arrays = {name: archive[name] for name in names if name != "meta"}
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as err:
-        raise ValueError(f"path: {os.fspath(path)!r} is not a readable multicritic trainer checkpoint ({err}).") from err
+        raise ValueError(
+            f"path: {os.fspath(path)!r} is not a readable multicritic trainer checkpoint ({err})."
+        ) from err
     if not isinstance(meta, dict):
         raise ValueError(f"path: {os.fspath(path)!r}: its metadata is a {type(meta).__name__}, expected a JSON object.")
     fmt = meta.get("format")
@@ -155,7 +158,8 @@ def _read(path):
     for key, kind in (("critic_config", dict), ("trainer_options", dict), ("optimizer", dict)):
         if not isinstance(meta.get(key), kind):
             raise ValueError(
-                f"path: {os.fspath(path)!r}: metadata {key!r} is {type(meta.get(key)).__name__}, expected a JSON object."
+                f"path: {os.fspath(path)!r}: metadata {key!r} is {type(meta.get(key)).__name__}, "
+                "expected a JSON object."
             )
     if fmt in LEGACY_FORMATS:
         paths = meta.get("state_paths")
@@ -163,7 +167,9 @@ def _read(path):
             raise ValueError(f"path: {os.fspath(path)!r}: metadata 'state_paths' is not a list of strings.")
         by_position = [f"state_{i:04d}" for i in range(len(paths))]
         if sorted(arrays) != sorted(by_position):
-            raise ValueError(f"path: {os.fspath(path)!r}: holds arrays {sorted(arrays)[:4]}..., expected {len(paths)} state arrays.")
+            raise ValueError(
+                f"path: {os.fspath(path)!r}: holds arrays {sorted(arrays)[:4]}..., expected {len(paths)} state arrays."
+            )
         return meta, fmt, arrays, by_position, digest
     return meta, fmt, arrays, None, digest
 
@@ -214,7 +220,8 @@ def check(trainer, path) -> Checked:
     saved_opt, opt = meta["optimizer"], keras.optimizers.serialize(trainer.optimizer)
     if saved_opt.get("class_name") != opt.get("class_name"):
         raise ValueError(
-            f"{where} holds a {saved_opt.get('class_name')} optimizer state, this trainer has a {opt.get('class_name')}."
+            f"{where} holds a {saved_opt.get('class_name')} optimizer state, "
+            f"this trainer has a {opt.get('class_name')}."
         )
     opt_diff = integrity.config_differences(
         _unnamed(saved_opt.get("config") or {}),

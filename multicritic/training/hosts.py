@@ -98,7 +98,7 @@ def agree(what: str, value, variables: Sequence = ()) -> None:
         value: this host's value.
         variables: as `topology`.
 
-    Example:
+    Examples:
         >>> config = {"model_size": "nano"}
         >>> hosts.agree("critic config", config)  # before building the critic on each host
         >>> critic = CriticNetwork(**config)

@@ -17,7 +17,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend, draws, heads
+from multicritic import backend, draws
+from multicritic.protocols import CriticLike
+from multicritic.training.options import TrainerOptions
 from multicritic.backend import StepProgram
 from multicritic.bins import inverse_symlog
 from multicritic.layers.dispatch import call_layer
@@ -27,9 +29,9 @@ from multicritic.training import hosts
 from multicritic.validation import FixedOptions, as_float32, integer, number
 
 
-def is_multi_critic(critic) -> bool:
-    """Whether `critic` is a `MultiCritic` (named reward streams), without importing it."""
-    return getattr(critic, "stream_names", None) is not None
+def is_multi_critic(critic: CriticLike) -> bool:
+    """Whether `critic` has named reward streams (a `MultiCritic`)."""
+    return critic.stream_names is not None
 
 
 def _nonfinite(x):
@@ -94,11 +96,11 @@ def _check_regularizer(critic, ema_regularizer):
     """A regulariser every head of `critic` (each stream's) supports, else a `ValueError`."""
     if not isinstance(ema_regularizer, str) or ema_regularizer not in EMA_REGULARIZERS:
         raise ValueError(f"ema_regularizer: got {ema_regularizer!r}, expected one of {list(EMA_REGULARIZERS)}.")
-    for member in (critic.streams.values() if is_multi_critic(critic) else [critic]):
-        if ema_regularizer not in heads.get(member.head).regularizers:
+    for member in critic.stream_critics().values():
+        if ema_regularizer not in member.return_layer.regularizers:
             raise ValueError(
                 f"ema_regularizer: got {ema_regularizer!r} with the critic's head={member.head!r}, expected one of "
-                f"{list(heads.get(member.head).regularizers)}."
+                f"{list(member.return_layer.regularizers)}."
             )
 
 
@@ -132,30 +134,15 @@ class CriticStep(FixedOptions):
 
     fixed_options = FIXED_OPTIONS
 
-    def __init__(
-        self,
-        critic,
-        optimizer: Optional[keras.optimizers.Optimizer] = None,
-        *,
-        gamma: float = 0.997,
-        lambda_: float = 0.95,
-        grad_clip: Optional[float] = 100.0,
-        ema_update_period: int = 1,
-        ema_update_first: bool = False,
-        ema_regularizer_weight: float = 1.0,
-        ema_regularizer: str = "two_hot_mean",
-        ema_targets: bool = False,
-        seed: Optional[int] = None,
-        learning_rate: float = 3e-5,
-        epsilon: float = 1e-5,
-        jit_compile="auto",
-        check_finite: bool = True,
-        step_counter: Optional[keras.Variable] = None,
-        value_loss_weight: float = 1.0,
-        replay_loss_weight: float = 0.3,
-        replay_discount: float = 1.0 - 1.0 / 333,
-        metrics: str = "all",
-    ):
+    def __init__(self, critic, optimizer: Optional[keras.optimizers.Optimizer] = None, **options):
+        given = TrainerOptions.from_kwargs(options)
+        gamma, lambda_, grad_clip = given.gamma, given.lambda_, given.grad_clip
+        ema_update_period, ema_update_first = given.ema_update_period, given.ema_update_first
+        ema_regularizer_weight, ema_regularizer = given.ema_regularizer_weight, given.ema_regularizer
+        ema_targets, seed, learning_rate, epsilon = given.ema_targets, given.seed, given.learning_rate, given.epsilon
+        jit_compile, check_finite, step_counter = given.jit_compile, given.check_finite, given.step_counter
+        value_loss_weight, replay_loss_weight = given.value_loss_weight, given.replay_loss_weight
+        replay_discount, metrics = given.replay_discount, given.metrics
         if not critic.built:
             raise ValueError("critic: not built yet; call it once on a batch (or give its input sizes) first.")
         gamma = number("gamma", gamma, low=0.0, high=1.0)
@@ -275,7 +262,7 @@ class CriticStep(FixedOptions):
     # critic, the streams of a `MultiCritic`.
 
     def critics(self) -> Dict[Optional[str], object]:
-        return self.critic.streams if is_multi_critic(self.critic) else {None: self.critic}
+        return self.critic.stream_critics()
 
     def _outputs(self, h, z, use_ema=False):
         out = self._forward(h, z, use_ema=use_ema)
@@ -352,7 +339,8 @@ class CriticStep(FixedOptions):
         ema = self._outputs(h, z, use_ema=True) if self.ema_regularizer_weight > 0.0 else {}
         targets = value_targets if isinstance(value_targets, dict) else {None: value_targets}
         total, losses = self._combine(
-            {s: self._critic_losses(c, fast[s], ema.get(s), targets[s], loss_weights) for s, c in self.critics().items()}
+            {s: self._critic_losses(c, fast[s], ema.get(s), targets[s], loss_weights)
+             for s, c in self.critics().items()}
         )
         losses["invalid_inputs"] = losses["invalid_inputs"] + self._invalid_states(fast, h, z)
         return total, losses

@@ -18,9 +18,9 @@ from keras import ops
 
 from multicritic import backend
 from multicritic.critic import CriticNetwork
-from multicritic.multi_critic import MultiCritic
+from multicritic.protocols import CriticLike
 from multicritic.training import hosts
-from multicritic.training.step import CriticStep
+from multicritic.training.step import CriticStep, is_multi_critic
 from multicritic.validation import as_float32, fmt, real_values
 
 
@@ -77,47 +77,12 @@ class CriticTrainer(CriticStep):
             policy it is wrapped in a `keras.optimizers.LossScaleOptimizer`.
             Clipping is done here: one that clips on its own (`clipnorm`,
             `clipvalue`, `global_clipnorm`) is refused unless `grad_clip=None`.
-        gamma: discount for lambda-returns and dream loss weights.
-        lambda_: TD(lambda) parameter.
-        grad_clip: global-norm clip (100 in the reference); `None` for none.
-        ema_update_period: update the EMA every this many optimizer steps.
-        ema_update_first: with a period above 1, update at the first step
-            of each period (steps 1, 1 + period, ...: the official code's
-            slow critic `every`) instead of its last (period, 2 * period,
-            ...: RLlib's).
-        ema_regularizer_weight: weight of the slow-critic regulariser in the
-            loss (1.0 in the reference).
-        ema_regularizer: `"two_hot_mean"` (cross-entropy to the head's
-            target encoding of the EMA critic's value, the reference) or
-            `"distribution"` (cross-entropy to the EMA critic's bucket
-            distribution).
-        ema_targets: compute lambda-return targets from the EMA critic's
-            values instead of the fast critic's.
-        seed: seed of the member draws of `aggregation="min_of_random"`; the
-            members drawn at a step are a function of the seed and the step
-            count (no random state to carry or checkpoint).
-        learning_rate: of the default Adam (3e-5).
-        epsilon: of the default Adam (1e-5).
-        jit_compile: True, False or `"auto"` (the default: each backend's
-            faster choice). TensorFlow: compile the `tf.function` step with
-            XLA, traced once per batch size (the plain graph: one trace for
-            all sizes; `"auto"`: a step kind's first 1000 calls as the plain
-            graph, then XLA; not under a loss-scale optimizer or a
-            distribution strategy). PyTorch: compile the whole step into
-            one graph per batch shape (forward, backward and update, no host
-            sync; inductor's kernels, a CUDA graph on a GPU); `"auto"` runs
-            a step kind's first 1000 calls eagerly, then compiles it (see
-            `multicritic.backend.torch.TrainFunction`). JAX: always jitted.
-        check_finite: raise a `ValueError` for non-finite numpy inputs before
-            any state changes. Backend tensors are not inspected on the host;
-            inside the compiled step non-finite targets are dropped from the
-            loss (counted in `nonfinite_targets`), and a batch with
-            non-finite gradients (`nonfinite_grads` = 1) or invalid inputs
-            (`invalid_inputs` > 0: negative weights, continues outside
-            [0, 1], non-finite states) is skipped whole (`step_skipped` = 1).
-        metrics: `"all"` (the default: every diagnostic below) or `"core"`
-            (the loss, the gradient norm and the guards' verdicts only; see
-            below). The same update either way.
+        **options: the trainer's options by keyword, each one of
+            `TrainerOptions` (its defaults and what each does): `gamma`,
+            `lambda_`, `grad_clip`, the EMA's `ema_update_period`,
+            `ema_update_first`, `ema_regularizer`, `ema_regularizer_weight`,
+            `ema_targets`, `seed`, the default Adam's `learning_rate` and
+            `epsilon`, `jit_compile`, `check_finite`, `metrics`, ...
 
     Each step returns a dict of scalar backend tensors: `total`,
     `value_nll`, `ema_regularizer`, `grad_norm` (before clipping),
@@ -134,46 +99,17 @@ class CriticTrainer(CriticStep):
     run, and a negative weight or a non-finite state then skips the step
     through its non-finite gradients.
 
-    Example:
+    Examples:
         >>> trainer = CriticTrainer(CriticNetwork(model_size="nano"))
         >>> metrics = trainer.train_on_dream(h, z, rewards, continues)
         >>> float(metrics["total"])
     """
 
-    def __init__(
-        self,
-        critic: CriticNetwork,
-        optimizer: Optional[keras.optimizers.Optimizer] = None,
-        *,
-        gamma: float = 0.997,
-        lambda_: float = 0.95,
-        grad_clip: Optional[float] = 100.0,
-        ema_update_period: int = 1,
-        ema_update_first: bool = False,
-        ema_regularizer_weight: float = 1.0,
-        ema_regularizer: str = "two_hot_mean",
-        ema_targets: bool = False,
-        seed: Optional[int] = None,
-        learning_rate: float = 3e-5,
-        epsilon: float = 1e-5,
-        jit_compile="auto",
-        check_finite: bool = True,
-        step_counter: Optional[keras.Variable] = None,
-        value_loss_weight: float = 1.0,
-        replay_loss_weight: float = 0.3,
-        replay_discount: float = 1.0 - 1.0 / 333,
-        metrics: str = "all",
-    ):
-        if not isinstance(critic, (CriticNetwork, MultiCritic)):
-            raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic.")
-        super().__init__(
-            critic, optimizer, gamma=gamma, lambda_=lambda_, grad_clip=grad_clip, ema_update_period=ema_update_period,
-            ema_update_first=ema_update_first, ema_regularizer_weight=ema_regularizer_weight,
-            ema_regularizer=ema_regularizer, ema_targets=ema_targets, seed=seed, learning_rate=learning_rate,
-            epsilon=epsilon, jit_compile=jit_compile, check_finite=check_finite, step_counter=step_counter,
-            value_loss_weight=value_loss_weight, replay_loss_weight=replay_loss_weight,
-            replay_discount=replay_discount, metrics=metrics,
-        )
+    def __init__(self, critic: CriticNetwork, optimizer: Optional[keras.optimizers.Optimizer] = None, **options):
+        if not isinstance(critic, CriticLike):
+            raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic "
+                             "(a multicritic.protocols.CriticLike).")
+        super().__init__(critic, optimizer, **options)
         self._compiled: Dict[str, Callable] = {}
         self._agreed_batches: Dict[str, dict] = {}  # per step kind, the batch shapes every host last agreed on
         # One step at a time: a second thread gets a clear error, not a
@@ -391,7 +327,7 @@ class CriticTrainer(CriticStep):
         named = {"h": h, "z": z, **self._per_stream("rewards", rewards), "continues": continues}
         replay = {"replay_h": replay_h, "replay_z": replay_z, **self._per_stream("replay_rewards", replay_rewards),
                   "replay_is_last": replay_is_last, "replay_is_terminal": replay_is_terminal}
-        streams = 1 if not isinstance(self.critic, MultiCritic) else len(self.critic.stream_names)
+        streams = len(self.critic.stream_critics())
 
         def loss(h, z, *rest):
             dream, replayed = rest[: streams + 1], rest[streams + 1 :]
@@ -404,7 +340,7 @@ class CriticTrainer(CriticStep):
 
     def _per_stream(self, name, value):
         """`{name: value}`, or for a `MultiCritic` `{"name/stream": value[stream]}` for every stream."""
-        if not isinstance(self.critic, MultiCritic):
+        if not is_multi_critic(self.critic):
             if isinstance(value, dict):
                 raise ValueError(f"{name}: got a dict, expected one array (the critic has one reward stream).")
             return {name: value}
@@ -415,6 +351,6 @@ class CriticTrainer(CriticStep):
         return {f"{name}/{s}": value[s] for s in streams}
 
     def _streams_of(self, tensors):
-        if not isinstance(self.critic, MultiCritic):
+        if not is_multi_critic(self.critic):
             return tensors[0]
         return dict(zip(self.critic.stream_names, tensors))

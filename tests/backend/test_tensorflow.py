@@ -1,4 +1,5 @@
-"""The TensorFlow backend: `"auto"` switching a step to XLA, and under a `tf.distribute` strategy where a step may run and the hosts it sees."""
+"""The TensorFlow backend: `"auto"` switching a step to XLA, and under a `tf.distribute` strategy where a step may run
+and the hosts it sees."""
 
 import numpy as np
 import pytest

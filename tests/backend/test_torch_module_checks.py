@@ -178,7 +178,8 @@ def test_device_moves_move_the_critic_and_the_replay_follows(name):
     x = inputs()
     run(call, module, x)
     module.to("cuda")
-    assert all(v.value.device.type == "cuda" for v in (critic.fast_weights if "ema" not in name else critic.ema_weights))
+    assert all(v.value.device.type == "cuda"
+               for v in (critic.fast_weights if "ema" not in name else critic.ema_weights))
     xc = [t.cuda() for t in x]
     assert_equal(run(call, module, xc), eager(lambda: call(module, *xc)))
 

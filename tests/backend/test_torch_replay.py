@@ -86,7 +86,8 @@ def test_replays_are_bit_identical_to_the_keras_call_values_and_gradients(entry,
         found = torch.autograd.grad(loss, params, allow_unused=True)
         return [torch.zeros_like(p) if g is None else g for g, p in zip(found, params)]
 
-    assert_bit_identical(grads(lambda: fn(critic, latent, h, z)), keras_path(lambda: grads(lambda: fn(critic, latent, h, z))))
+    assert_bit_identical(grads(lambda: fn(critic, latent, h, z)),
+                         keras_path(lambda: grads(lambda: fn(critic, latent, h, z))))
     with torch.no_grad():
         assert_bit_identical(fn(critic, latent, h, z), want)
     with torch.inference_mode():
@@ -194,7 +195,8 @@ def test_a_changed_layer_structure_is_traced_anew(change):
         critic.mlp.dense_layers[0].dtype_policy = "bfloat16"
     else:
         critic.mlp.dense_layers[0].enable_lora(2)
-        critic.mlp.dense_layers[0].lora_kernel_b.assign(np.ones(tuple(critic.mlp.dense_layers[0].lora_kernel_b.shape), "float32"))
+        critic.mlp.dense_layers[0].lora_kernel_b.assign(
+            np.ones(tuple(critic.mlp.dense_layers[0].lora_kernel_b.shape), "float32"))
     want = keras_path(lambda: critic(h, z))
     assert_bit_identical(critic(h, z), want)
     assert_bit_identical(critic(h, z), want)

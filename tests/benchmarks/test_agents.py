@@ -30,7 +30,8 @@ def test_ppo_driver_writes_each_runs_curve(tmp_path, agent):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     record = runs[f"{backend}/CartPole-v1/two_hot/1000/3"]
-    assert record["backend"] == (BACKEND if agent == "keras" else OWN[agent][1]) and record["reward_scale"] == 1000.0 and record["steps"] == 512
+    assert (record["backend"] == (BACKEND if agent == "keras" else OWN[agent][1]) and record["reward_scale"] == 1000.0
+            and record["steps"] == 512)
     # CartPole's returns in its own units (1 a step, unscaled), at increasing environment steps.
     steps = [s for s, _ in record["episodes"]]
     assert record["episodes"] and steps == sorted(steps) and steps[-1] <= 512

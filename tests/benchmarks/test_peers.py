@@ -46,8 +46,8 @@ def _run(cmd, env=None):
 def test_peers_benchmark_runs(tmp_path):
     _require_peers()
     out = tmp_path / "peers.json"
-    result = _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers", "peers.py"), "--size", "nano", "--batch", "8",
-                   "--repeats", "2", "--block-seconds", "0.01", "--threads", "1", "--json", str(out)],
+    result = _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers", "peers.py"), "--size", "nano",
+                   "--batch", "8", "--repeats", "2", "--block-seconds", "0.01", "--threads", "1", "--json", str(out)],
                   env=dict(os.environ, KERAS_BACKEND="torch"))
     records = json.loads(out.read_text())
     assert sorted((r["peer"], r["batch"]) for r in records) == [("rllib", 8), ("sheeprl", 8), ("sheeprl_compiled", 8),
@@ -99,8 +99,8 @@ def test_official_benchmark_runs(tmp_path):
     pair = importlib.util.find_spec("jax") is not None
     out = tmp_path / "official.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    _run([OFFICIAL_PYTHON, os.path.join(ROOT, "benchmarks", "peers", "peers_official.py"), "--size", "nano", "--batch", "8",
-          "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)]
+    _run([OFFICIAL_PYTHON, os.path.join(ROOT, "benchmarks", "peers", "peers_official.py"), "--size", "nano",
+          "--batch", "8", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)]
          + (["--pair-python", sys.executable] if pair else []), env=env)
     (record,) = json.loads(out.read_text())
     assert record["peer"] == "official" and record["batch"] == 8 and record["peer_ms"] > 0

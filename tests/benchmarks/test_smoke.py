@@ -18,9 +18,9 @@ def test_train_step_benchmark_runs(tmp_path):
     ours = "multicritic_eager" if BACKEND == "torch" else "multicritic"
     out = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "train_step.py"), "--backend", BACKEND, "--size", "nano",
-         "--batch", "8", "16", "--repeats", "2", "--block-seconds", "0.01", "--impls", ours, "native",
-         "--json", str(out)],
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "train_step.py"), "--backend", BACKEND,
+         "--size", "nano", "--batch", "8", "16", "--repeats", "2", "--block-seconds", "0.01", "--impls", ours,
+         "native", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -43,8 +43,8 @@ def test_baseline_variants_benchmark_runs(tmp_path):
     native = __import__(f"benchmarks.native.native_{BACKEND}", fromlist=["VARIANTS"])
     out = tmp_path / "variants.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "baseline_variants.py"), "--backend", BACKEND, "--size",
-         "nano", "--batch", "8", "--repeats", "1", "--block-seconds", "0.01", "--json", str(out)],
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "baseline_variants.py"), "--backend", BACKEND,
+         "--size", "nano", "--batch", "8", "--repeats", "1", "--block-seconds", "0.01", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -69,8 +69,8 @@ def test_export_latency_benchmark_runs(tmp_path):
 
     out = tmp_path / "latency.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "export_latency.py"), "--backend", BACKEND, "--size", "nano",
-         "--batch", "1", "4", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)],
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "export_latency.py"), "--backend", BACKEND,
+         "--size", "nano", "--batch", "1", "4", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -110,7 +110,8 @@ def test_overflow_guard_variants_compute_the_same_values():
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch forward views")
 def test_decode_cost_variants_are_the_library_decode_and_its_neighbours():
     # The timed "ours" is the library's decode to the bit; the others decode the same probabilities to within
-    # the default support's float32 asymmetry and the sums' rounding (below 4e-6 in symlog units: two float32 ulps at 20).
+    # the default support's float32 asymmetry and the sums' rounding (below 4e-6 in symlog units: two float32
+    # ulps at 20).
     import torch
 
     from benchmarks.ours.decode_cost import decoders, variants

@@ -145,9 +145,10 @@ def test_other_aggregations_run(aggregation):
         (["demo", "--backend", "mxnet"], "--backend: got 'mxnet'"),
         (["demo", "--json", "/nonexistent-dir/x.json"], "--json: cannot write '/nonexistent-dir/x.json'"),
         (["demo", "--bin-scheme", "log"], "--bin-scheme: got 'log'"),
-        (["demo", "--head", "softmax"], "--head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse']"),
+        (["demo", "--head", "softmax"],
+         "--head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse', 'quantile']"),
         (["demo", "--head", "hl_gauss", "--bin-scheme", "symexp"],
-         "--bin-scheme: got 'symexp', expected 'uniform_symlog' with --head hl_gauss"),
+         "--bin-scheme: got 'symexp', expected one of ['uniform_symlog'] with --head hl_gauss"),
         (["demo", "--ensemble", "0"], "--ensemble: got 0, expected an integer in [1, 64]"),
         (["demo", "--ensemble", "1000"], "--ensemble: got 1000, expected an integer in [1, 64]"),
         (["demo", "--ensemble", "two"], "argument --ensemble: invalid int value: 'two'"),
@@ -162,7 +163,8 @@ def test_other_aggregations_run(aggregation):
         (["demo", "--scales", "1,-1e3"], "--scales: got -1000.0, expected finite numbers > 0"),
         (["demo", "--scales", "0"], "--scales: got 0.0, expected finite numbers > 0"),
         (["demo", "--scales", "1,,2"], "--scales: got '1,,2', expected comma-separated numbers"),
-        (["demo", "--scales", "1e39"], "--scales: got 1e+39, whose exact values reach 3.75e+39, outside the critic's value support +-4.85e+08"),
+        (["demo", "--scales", "1e39"],
+         "--scales: got 1e+39, whose exact values reach 3.75e+39, outside the critic's value support +-4.85e+08"),
         (["demo", "--scales", "1,1e9"], "--scales: got 1e+09, whose exact values reach 3.75e+09"),
         (["demo", "--scales", "1e-7"], "--scales: got 1e-07, expected scales >= 1e-06"),
         (["demo", "--plot", "out.xyz"], "--plot: 'out.xyz' has extension '.xyz', expected one of .eps"),
@@ -333,3 +335,18 @@ def test_plot_without_an_importable_matplotlib_is_a_one_line_error(blocking, tmp
         line = one_error_line(run_cli(*args, env=dict(env, KERAS_BACKEND=BACKEND), timeout=300))
         assert line.startswith("multicritic: error: --plot: matplotlib cannot be imported ("), line
         assert not out.exists()
+
+
+def test_the_demo_does_not_import_tensorflow_on_another_backend():
+    import subprocess
+    import sys
+
+    if BACKEND == "tensorflow":
+        pytest.skip("TensorFlow is the backend")
+    code = ("import sys\nfrom multicritic.demo.run import DemoConfig, run_demo\n"
+            "run_demo(DemoConfig(size='nano', steps=2, num_states=8, eval_every=1, scales=(1.0,), ensemble=2), "
+            "progress=False)\nprint('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "KERAS_BACKEND": BACKEND})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

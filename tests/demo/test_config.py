@@ -52,7 +52,8 @@ def test_scale_limit_is_where_the_exact_values_leave_the_support():
     other = DemoConfig(seed=5)
     other_peak = float(np.max(np.abs(demo_mdp(other).values())))
     assert other_peak != pytest.approx(peak, rel=1e-3)
-    with pytest.raises(ValueError, match=re.escape(f"largest scale for this MDP and seed: {MAX_ABS_VALUE / other_peak:.3g})")):
+    largest = f"largest scale for this MDP and seed: {MAX_ABS_VALUE / other_peak:.3g})"
+    with pytest.raises(ValueError, match=re.escape(largest)):
         check_config(DemoConfig(seed=5, scales=(2 * MAX_ABS_VALUE / other_peak,)))
 
 
@@ -78,15 +79,17 @@ def test_scale_limit_is_where_the_exact_values_leave_the_support():
         ({"learning_rate": math.inf}, "learning_rate: got inf"),
         ({"num_states": 3}, "num_states: got 3, expected an integer >= 4"),
         ({"horizon": 0}, "horizon: got 0"),
-        ({"head": "softmax"}, "head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse']"),
+        ({"head": "softmax"}, "head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse', 'quantile']"),
         ({"head": None}, "head: got None"),
-        ({"head": "hl_gauss", "bin_scheme": "symexp"}, "bin_scheme: got 'symexp', expected 'uniform_symlog' with head hl_gauss"),
+        ({"head": "hl_gauss", "bin_scheme": "symexp"},
+         "bin_scheme: got 'symexp', expected one of ['uniform_symlog'] with head hl_gauss"),
         ({"ensemble": 0}, "ensemble: got 0, expected an integer in [1, 64]"),
         ({"ensemble": 65}, "ensemble: got 65, expected an integer in [1, 64]"),
         ({"ensemble": 2.0}, "ensemble: got 2.0"),
         ({"ensemble": True}, "ensemble: got True"),
         ({"aggregation": "max"}, "aggregation: got 'max', expected one of ['mean', 'min', 'min_of_random', 'members']"),
-        ({"aggregation": "min_of_random"}, "aggregation: got 'min_of_random' with ensemble 1, expected an ensemble of 2"),
+        ({"aggregation": "min_of_random"},
+         "aggregation: got 'min_of_random' with ensemble 1, expected an ensemble of 2"),
     ],
 )
 def test_bad_settings_are_refused(changes, message):
@@ -117,7 +120,8 @@ def test_bin_scheme_defaults_to_what_the_head_supports():
 
 def test_new_options_name_their_flags():
     flags = {"head": "--head", "ensemble": "--ensemble", "aggregation": "--aggregation", "bin_scheme": "--bin-scheme"}
-    with pytest.raises(ValueError, match=r"^--bin-scheme: got 'symexp', expected 'uniform_symlog' with --head hl_gauss"):
+    with pytest.raises(ValueError,
+                       match=r"^--bin-scheme: got 'symexp', expected one of \['uniform_symlog'\] with --head hl_gauss"):
         check_config(DemoConfig(head="hl_gauss", bin_scheme="symexp"), flags)
     with pytest.raises(ValueError, match=r"^--aggregation: got 'min_of_random' with --ensemble 1"):
         check_config(DemoConfig(aggregation="min_of_random"), flags)
@@ -128,7 +132,8 @@ def test_new_options_name_their_flags():
 def test_run_demo_refuses_before_any_work():
     logged = []
     with pytest.raises(ValueError, match="scales: got inf"):
-        run_demo(DemoConfig(size="nano", steps=1, num_states=8, scales=(1.0, math.inf)), progress=False, log=logged.append)
+        run_demo(DemoConfig(size="nano", steps=1, num_states=8, scales=(1.0, math.inf)), progress=False,
+                 log=logged.append)
     with pytest.raises(ValueError, match="bin_scheme: got 'symexp'"):
         run_demo(DemoConfig(size="nano", steps=1, num_states=8, head="hl_gauss", bin_scheme="symexp"), progress=False,
                  log=logged.append)

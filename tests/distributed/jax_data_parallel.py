@@ -3,7 +3,6 @@
 import json
 import os
 
-import jax
 import keras
 import numpy as np
 
@@ -36,7 +35,8 @@ print(
             "replicated": bool(kernel.sharding.is_fully_replicated) and len(kernel.sharding.device_set) == len(devices),
             "max_weight_diff": max(float(np.abs(a - b).max()) for a, b in zip(single_w, multi_w)),
             "max_loss_diff": max(abs(a["total"] - b["total"]) for a, b in zip(single_m, multi_m)),
-            "max_grad_norm_rel": max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(single_m, multi_m)),
+            "max_grad_norm_rel": max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"]
+                                     for a, b in zip(single_m, multi_m)),
             # Every metric, relative to max(1, |single-device value|), as the TensorFlow test.
             "metric_keys_equal": all(set(a) == set(b) for a, b in zip(single_m, multi_m)),
             "metric_diffs": {

@@ -29,7 +29,8 @@ def run(strategy=None):
     h, z, targets, weights = batches("direct")[0]
     targets = targets.copy()
     targets[[1, 12]] = np.nan
-    metrics = [trainer.train_step(*for_critic(KIND, b, "direct")) for b in batches("direct") + [(h, z, targets, weights)]]
+    metrics = [trainer.train_step(*for_critic(KIND, b, "direct"))
+               for b in batches("direct") + [(h, z, targets, weights)]]
     metrics += [trainer.train_on_dream(*for_critic(KIND, b, "dream")) for b in batches("dream")]
     return [keras.ops.convert_to_numpy(v.value) for v in critic.weights], [
         {k: float(keras.ops.convert_to_numpy(v)) for k, v in m.items()} for m in metrics

@@ -45,5 +45,5 @@ def test_the_distribution_regularizer_is_refused():
     pred = np.zeros((2, 1), np.float32)
     with pytest.raises(ValueError, match="ema_regularizer: got 'distribution' with head='mse'"):
         critic_loss(pred, np.zeros(2), None, np.ones(2), head="mse", ema_regularizer="distribution", ema_logits=pred)
-    with pytest.raises(ValueError, match=r"logits: got shape \[2, 255\], expected \[..., num_buckets=1\]"):
+    with pytest.raises(ValueError, match=r"logits: got shape \[2, 255\], expected \[..., units=1\]"):
         critic_loss(np.zeros((2, 255)), np.zeros(2), np.zeros(2), np.ones(2), head="mse")

@@ -174,7 +174,8 @@ def make_rllib_torch_case(modules=None):
     torch.manual_seed(0)
     critic = CriticNetwork(input_size=DETER + STOCH, model_size="micro")
     critic.mlp = MLP(input_size=DETER + STOCH, model_size="micro", num_dense_layers=LAYERS, dense_hidden_units=UNITS)
-    critic.mlp_ema = MLP(input_size=DETER + STOCH, model_size="micro", num_dense_layers=LAYERS, dense_hidden_units=UNITS)
+    critic.mlp_ema = MLP(input_size=DETER + STOCH, model_size="micro", num_dense_layers=LAYERS,
+                         dense_hidden_units=UNITS)
     critic.init_ema()
 
     sd_keys = list(critic.state_dict().keys())

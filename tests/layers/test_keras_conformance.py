@@ -48,7 +48,7 @@ def test_layer_passes_keras_run_layer_test(name):
 @pytest.mark.parametrize("head", HEADS)
 def test_head_passes_keras_run_layer_test(head, members):
     cls = HEADS[head]
-    units = cls.output_units(255)
+    units = cls().units
     lead = (B,) if members is None else (K, B)
     shape = lead + (D,)
     Conformance().run_layer_test(

@@ -171,9 +171,9 @@ def check_different_checkpoints_are_refused(runs):
 
 @pytest.fixture(scope="module")
 def guards(engine, runs, tmp_path_factory):
-    """Five more launches: another learning rate on host 1; a global batch of 15 over 2 hosts; host 1 preempted (SIGTERM) before step 3; one
-    host resuming from a folder whose newest checkpoint is damaged and which holds a killed write's leftover; two
-    hosts that find different checkpoints."""
+    """Five more launches: another learning rate on host 1; a global batch of 15 over 2 hosts; host 1 preempted
+    (SIGTERM) before step 3; one host resuming from a folder whose newest checkpoint is damaged and which holds a
+    killed write's leftover; two hosts that find different checkpoints."""
     base = tmp_path_factory.mktemp(f"{engine}-guards")
     launches = {"rate": hosts(engine, "--critic", "single", *RUN,
                               launcher_args=["--host-args", "1", "--learning-rate 1e-4"]),

@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from multicritic import CriticNetwork, CriticTrainer, dream_loss_weights, inverse_symlog, lambda_returns
+from multicritic import CriticNetwork, CriticTrainer, inverse_symlog
 from tests import numpy_reference as ref
 from tests import rllib_golden as spec
 from tests.conftest import BACKEND, random_inputs, randomize, to_np

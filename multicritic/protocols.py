@@ -1,0 +1,34 @@
+"""`CriticLike`: what the trainer needs of what it trains (a `CriticNetwork` or a `MultiCritic`)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Protocol, Sequence, runtime_checkable
+
+
+@runtime_checkable
+class CriticLike(Protocol):
+    """A critic the trainer can train: one `CriticNetwork`, or several reward streams (`MultiCritic`).
+
+    `stream_names` is `None` for one critic, else the streams' names;
+    `stream_critics()` maps each stream's name (`None` for one critic) to
+    its `CriticNetwork`. The fast and EMA variables pair up in order, and
+    `update_ema` moves every EMA copy (`decay` or `tau`; with `step`, every
+    `period`-th step, copying on the first: `multicritic.ema.update`).
+    """
+
+    stream_names: Optional[List[str]]
+    built: bool
+
+    def stream_critics(self) -> Dict[Optional[str], object]: ...
+
+    @property
+    def trainable_variables(self) -> Sequence: ...
+
+    @property
+    def fast_weights(self) -> Sequence: ...
+
+    @property
+    def ema_weights(self) -> Sequence: ...
+
+    def update_ema(self, decay: Optional[float] = None, *, tau: Optional[float] = None, step=None,
+                   period: int = 1) -> None: ...

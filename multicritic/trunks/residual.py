@@ -1,0 +1,164 @@
+"""A residual trunk in the style of BRO's BroNet."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import keras
+from keras import ops
+
+from multicritic.layers.dispatch import call_layer
+from multicritic.layers.layer_norm import LayerNormalization
+from multicritic.layers.mlp import MLP, dense_layer
+from multicritic.sizes import get_model_dims
+
+
+@keras.saving.register_keras_serializable(package="multicritic")
+class ResidualTrunk(keras.layers.Layer):
+    """A projection block then residual blocks: the critic's `trunk="residual"`.
+
+    The input goes through one `Dense -> LayerNorm -> SiLU` block (an `MLP`
+    of one layer, with its finiteness guards) to `dense_hidden_units`, then
+    `num_dense_layers` residual blocks, each
+    `x + LayerNorm(Dense(activation(LayerNorm(Dense(x)))))`: the BroNet
+    block of BRO (Nauman et al. 2024), which BRC and SimbaV2's critics build
+    on. The skip keeps the trunk trainable as it deepens and widens; the norm
+    closing each branch keeps the residual stream's scale in check. With
+    `members=K` every layer holds K stacked members, as in `MLP`.
+
+    Args:
+        model_size: a DreamerV3 model size giving `num_dense_layers` (the
+            residual blocks) and `dense_hidden_units` (the width), or `None`
+            to give both.
+        num_dense_layers: overrides the size's number of residual blocks.
+        dense_hidden_units: overrides the size's width.
+        kernel_initializer: of every Dense kernel (per member).
+        members: `None` (one trunk) or the ensemble size `K`.
+        norm: `"layer"` or `"rms"` (see `MLP`).
+        norm_epsilon: the norms' epsilon.
+        use_bias: give the Dense layers a bias.
+        activation: the residual branch's activation (a Keras activation
+            name; `"silu"` as DreamerV3, `"relu"` as BRO).
+        **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `[..., input_dim]`, or a list of parts whose concatenation is
+            that (as `MLP`).
+
+    Returns:
+        `[..., dense_hidden_units]` (member-major `[K, ..., dense_hidden_units]`
+        with members).
+
+    Examples:
+        >>> trunk = ResidualTrunk(model_size=None, num_dense_layers=2, dense_hidden_units=64)
+        >>> trunk(np.zeros((4, 1280), "float32")).shape
+        (4, 64)
+
+    Reference:
+        Nauman et al., "Bigger, Regularized, Optimistic: scaling for compute
+        and sample-efficient continuous control", NeurIPS 2024 (arXiv
+        2405.16158), Fig. 3; He et al., "Deep Residual Learning", CVPR 2016.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_size: Optional[str] = "XS",
+        num_dense_layers: Optional[int] = None,
+        dense_hidden_units: Optional[int] = None,
+        kernel_initializer="glorot_uniform",
+        members: Optional[int] = None,
+        norm: str = "layer",
+        norm_epsilon: float = 1e-3,
+        use_bias: bool = False,
+        activation: str = "silu",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        try:
+            self.activation_fn = keras.activations.get(activation)
+        except (ValueError, TypeError):
+            raise ValueError(f"activation: got {activation!r}, expected a Keras activation name.") from None
+        dims = get_model_dims(model_size, num_dense_layers=num_dense_layers, dense_hidden_units=dense_hidden_units)
+        if dims["num_dense_layers"] is None or dims["dense_hidden_units"] is None:
+            raise ValueError(
+                f"num_dense_layers/dense_hidden_units: got ({num_dense_layers!r}, {dense_hidden_units!r}) with "
+                "model_size=None, expected both as positive integers."
+            )
+        # The projection is an MLP's single block; the size's depth counts the residual blocks.
+        self.projection = MLP(model_size=None, num_dense_layers=1,
+                              dense_hidden_units=dims["dense_hidden_units"], kernel_initializer=kernel_initializer,
+                              members=members, norm=norm, norm_epsilon=norm_epsilon, use_bias=use_bias,
+                              dtype=self.dtype_policy, name="projection")
+        self.model_size = model_size
+        self.num_dense_layers = dims["num_dense_layers"]
+        self.dense_hidden_units = self.projection.dense_hidden_units
+        self.kernel_initializer = self.projection.kernel_initializer
+        self.members = self.projection.members
+        self.norm = norm
+        self.norm_epsilon = self.projection.norm_epsilon
+        self.use_bias = self.projection.use_bias
+        self.activation = activation
+        self.block_dense, self.block_norms = [], []
+        for i in range(self.num_dense_layers):
+            for j in range(2):
+                self.block_dense.append(dense_layer(self.dense_hidden_units, members=self.members,
+                                                    use_bias=self.use_bias,
+                                                    kernel_initializer=self.kernel_initializer,
+                                                    dtype=self.dtype_policy, name=f"block_{i}_dense_{j}"))
+                self.block_norms.append(LayerNormalization(epsilon=self.norm_epsilon, members=self.members,
+                                                           rms=norm == "rms", dtype=self.dtype_policy,
+                                                           name=f"block_{i}_norm_{j}"))
+
+    @property
+    def dense_layers(self):
+        """Every Dense layer, in call order (what a forward pass's signature reads)."""
+        return list(self.projection.dense_layers) + list(self.block_dense)
+
+    @property
+    def clips_inputs(self) -> bool:
+        """As `MLP.clips_inputs`, of the projection (the only layer that sees the input)."""
+        return self.projection.clips_inputs
+
+    def build(self, input_shape):
+        self.projection.build(input_shape)
+        shape = (None, self.dense_hidden_units) if self.members is None else (self.members, None,
+                                                                              self.dense_hidden_units)
+        for layer in (*self.block_dense, *self.block_norms):
+            layer.build(shape)
+
+    def call(self, inputs):
+        x = self.projection(inputs) if isinstance(inputs, (list, tuple)) else call_layer(self.projection, inputs)
+        lead = None
+        if self.members is not None and len(x.shape) > 3:
+            # Stacked kernels take `[K, N, units]`: the leading dims are flattened, then restored.
+            lead = ops.shape(x)[1:-1]
+            x = ops.reshape(x, (self.members, -1, self.dense_hidden_units))
+        for i in range(self.num_dense_layers):
+            dense_a, dense_b = self.block_dense[2 * i], self.block_dense[2 * i + 1]
+            norm_a, norm_b = self.block_norms[2 * i], self.block_norms[2 * i + 1]
+            branch = self.activation_fn(call_layer(norm_a, call_layer(dense_a, x)))
+            x = x + call_layer(norm_b, call_layer(dense_b, branch))
+        if lead is not None:
+            x = ops.reshape(x, (self.members,) + tuple(lead) + (self.dense_hidden_units,))
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return self.projection.compute_output_shape(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "model_size": self.model_size,
+                "num_dense_layers": self.num_dense_layers,
+                "dense_hidden_units": self.dense_hidden_units,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "members": self.members,
+                "norm": self.norm,
+                "norm_epsilon": self.norm_epsilon,
+                "use_bias": self.use_bias,
+                "activation": self.activation,
+            }
+        )
+        return config
