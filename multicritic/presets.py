@@ -122,12 +122,13 @@ def build(name: str, model_size: Optional[str] = None, critic_options=None, trai
     """
     from multicritic.critic import CriticNetwork
     from multicritic.normalizer import ReturnNormalizer
+    from multicritic.training.options import TrainerOptions
     from multicritic.training.trainer import CriticTrainer
 
     accepted = {
         "critic_options": set(inspect.signature(CriticNetwork.__init__).parameters) - {"self", "kwargs"} | {
             "name", "dtype"},
-        "trainer_options": set(inspect.signature(CriticTrainer.__init__).parameters) - {"self", "critic"},
+        "trainer_options": {"optimizer", *TrainerOptions.names()},
     }
     for what, given in (("critic_options", critic_options), ("trainer_options", trainer_options)):
         if given is None:

@@ -52,9 +52,16 @@ def chosen():
 
 
 def test_keras_backend_set_is_left_alone(fake):
-    fake(configured="tensorflow", installed=("jax",), keras_backend="torch")
+    fake(configured="tensorflow", installed=("jax", "torch", "keras"), keras_backend="torch")
     backend_default.select()
     assert chosen() == "torch"
+
+
+def test_keras_backend_set_to_a_missing_framework_is_one_line(fake):
+    fake(configured="tensorflow", installed=("jax", "keras"), keras_backend="torch")
+    with pytest.raises(ModuleNotFoundError, match=r"^KERAS_BACKEND='torch', but torch is not installed: pip install "
+                                                 r"'multicritic\[torch\]'"):
+        backend_default.select()
 
 
 def test_nothing_changes_once_keras_is_imported(fake):
