@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "results_demo_heads.json")
 
 # (head, trunk, ensemble, bin_scheme or None for the demo's default for the head, in the docs table): the

@@ -13,6 +13,10 @@ from multicritic.heads.base import ValueHead
 from multicritic.validation import integer, number
 
 
+# symexp(80) ~ 5.5e34: the mean of the quantiles' returns stays finite in float32.
+_EXP_LIMIT = 80.0
+
+
 @functools.lru_cache(maxsize=None)
 def _midpoints(n):
     """The quantile levels `(2i + 1) / (2n)`, as a cached tuple of float32-exact floats."""
@@ -29,7 +33,9 @@ class QuantileHead(ValueHead):
     loss is the quantile Huber loss of each quantile against the symlog
     target, `|tau_i - 1{u_i < 0}| * huber_kappa(u_i) / kappa` with
     `u_i = symlog(G) - q_i`, averaged over the quantiles (so its scale does
-    not grow with their number). The slow-critic regulariser
+    not grow with their number). The value is the mean return,
+    `symlog(mean_i symexp(q_i))` (the return's quantiles are `symexp(q_i)`).
+    The slow-critic regulariser
     (`"two_hot_mean"`, the only one) is `0.5 * (v - v_ema)^2` on the decoded
     value, as BRO regularises its distributional critic. The logits are the
     quantiles, `[..., num_quantiles]`; there is no bucket support (targets
@@ -71,7 +77,12 @@ class QuantileHead(ValueHead):
         return self.num_quantiles
 
     def decode(self, logits):
-        return ops.mean(logits, axis=-1)
+        # The return's quantiles are symexp(q_i) (quantiles commute with a monotone map): the value is the mean
+        # return, in symlog space, not the mean of the symlog quantiles (which is biased towards 0 for a wide
+        # distribution). Clipped where float32's exp would overflow.
+        q = ops.clip(logits, -_EXP_LIMIT, _EXP_LIMIT)
+        # exp(|q|) - 1 rather than expm1, which PyTorch's ONNX exporter has no kernel for.
+        return symlog(ops.mean(ops.sign(q) * (ops.exp(ops.abs(q)) - 1.0), axis=-1))
 
     def position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer):
         taus = constant(_midpoints(self.num_quantiles))
