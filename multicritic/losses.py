@@ -36,7 +36,6 @@ def _check_loss_shapes(logits, value_targets, ema_value_symlog, loss_weights, em
             f"ema_logits: got shape {fmt(shape_of(ema_logits))}, expected {fmt(got)} (the shape of logits).")
 
 
-_SUPPORT_DEFAULTS = {"num_buckets": 255, "lower_bound": -20.0, "upper_bound": 20.0, "bin_scheme": "uniform_symlog"}
 
 
 # Heads built for names, by the arguments that named them: a dict lookup, which a traced step (torch.compile
@@ -58,7 +57,7 @@ def value_head(head, hl_gauss_sigma=None, **support):
     found = _HEADS_BY_ARGS.get(key) if key is not None else None
     if found is not None:
         return found
-    shared = {**_SUPPORT_DEFAULTS, **{k: v for k, v in support.items() if v is not None}}
+    shared = {k: v for k, v in support.items() if v is not None}  # the rest: the head's own defaults
     cls, options = heads.HEADS.resolve(heads.legacy_spec(head, hl_gauss_sigma), shared)
     built = cls(**options, **shared, name=f"{heads.HEADS.name_of(cls)}_loss_head")
     if key is not None:

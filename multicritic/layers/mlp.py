@@ -99,6 +99,18 @@ def dense_layer(units, *, members=None, first=False, use_bias=False, kernel_init
     )
 
 
+def trunk_dims(model_size, num_dense_layers, dense_hidden_units) -> dict:
+    """A trunk's depth and width (`get_model_dims`), both given when `model_size` is None, else a `ValueError`."""
+    dims = get_model_dims(model_size, num_dense_layers=num_dense_layers, dense_hidden_units=dense_hidden_units)
+    if dims["num_dense_layers"] is None or dims["dense_hidden_units"] is None:
+        raise ValueError(
+            "num_dense_layers/dense_hidden_units: got "
+            f"({num_dense_layers!r}, {dense_hidden_units!r}) with model_size=None, "
+            "expected both as positive integers."
+        )
+    return dims
+
+
 @keras.saving.register_keras_serializable(package="multicritic")
 class MLP(keras.layers.Layer):
     """A stack of `Dense -> LayerNorm -> SiLU` blocks, optionally as an ensemble of stacked members.
@@ -190,17 +202,7 @@ class MLP(keras.layers.Layer):
         norm_epsilon = number("norm_epsilon", norm_epsilon, low=0.0, low_open=True)
         if not isinstance(use_bias, (bool, np.bool_)):
             raise ValueError(f"use_bias: got {use_bias!r}, expected True or False.")
-        dims = get_model_dims(
-            model_size,
-            num_dense_layers=num_dense_layers,
-            dense_hidden_units=dense_hidden_units,
-        )
-        if dims["num_dense_layers"] is None or dims["dense_hidden_units"] is None:
-            raise ValueError(
-                "num_dense_layers/dense_hidden_units: got "
-                f"({num_dense_layers!r}, {dense_hidden_units!r}) with model_size=None, "
-                "expected both as positive integers."
-            )
+        dims = trunk_dims(model_size, num_dense_layers, dense_hidden_units)
         if output_layer_size is not None and (int(output_layer_size) != output_layer_size or output_layer_size < 1):
             raise ValueError(f"output_layer_size: got {output_layer_size!r}, expected a positive integer or None.")
         if members is not None and (isinstance(members, bool) or int(members) != members or members < 1):

@@ -9,8 +9,7 @@ from keras import ops
 
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.layer_norm import LayerNormalization
-from multicritic.layers.mlp import MLP, dense_layer
-from multicritic.sizes import get_model_dims
+from multicritic.layers.mlp import MLP, dense_layer, trunk_dims
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
@@ -79,12 +78,7 @@ class ResidualTrunk(keras.layers.Layer):
             self.activation_fn = keras.activations.get(activation)
         except (ValueError, TypeError):
             raise ValueError(f"activation: got {activation!r}, expected a Keras activation name.") from None
-        dims = get_model_dims(model_size, num_dense_layers=num_dense_layers, dense_hidden_units=dense_hidden_units)
-        if dims["num_dense_layers"] is None or dims["dense_hidden_units"] is None:
-            raise ValueError(
-                f"num_dense_layers/dense_hidden_units: got ({num_dense_layers!r}, {dense_hidden_units!r}) with "
-                "model_size=None, expected both as positive integers."
-            )
+        dims = trunk_dims(model_size, num_dense_layers, dense_hidden_units)
         # The projection is an MLP's single block; the size's depth counts the residual blocks.
         self.projection = MLP(model_size=None, num_dense_layers=1,
                               dense_hidden_units=dims["dense_hidden_units"], kernel_initializer=kernel_initializer,
