@@ -2,7 +2,8 @@
 
 `nox` runs them all; `nox -s torch` one; `nox -s jax -- -k two_hot` passes
 arguments to pytest. An entry with a `command` (the `docs` and `package`
-sessions) installs only its own `packages` and runs that command instead.
+sessions), or `commands` (several, `lint`), installs only its own `packages` and
+runs them instead.
 Each session's virtualenv is deleted when the session ends, so the disk
 holds one session's packages at a time;
 `MULTICRITIC_KEEP_VENVS=1` keeps them under `.nox/` to rerun a test by hand.
@@ -41,14 +42,20 @@ def _make_session(name: str, spec: dict):
             if not KEEP_VENVS and not spec.get("no_venv"):
                 shutil.rmtree(s.virtualenv.location, ignore_errors=True)
 
+    commands = spec.get("commands", [spec["command"]] if "command" in spec else [])
+
     def _run_suite(s: nox.Session) -> None:
         common = MATRIX.get("common", {})
         env = {**common.get("env", {}), **spec.get("env", {}), "KERAS_BACKEND": spec["backend"]}
         env = {k: str(v).replace("{venv}", str(s.virtualenv.location)) for k, v in env.items()}
-        if "command" in spec:  # a tool session: its packages, its command (the checkout is not installed)
+        if commands:  # a tool session: its packages, its commands (the checkout is not installed)
             s.install(*_flat(spec["packages"]))
-            s.run(*(str(a).replace("{venv}", str(s.virtualenv.location)) for a in _flat(spec["command"])),
-                  *s.posargs, env=env)
+            for command in commands:
+                s.run(
+                    *(str(a).replace("{venv}", str(s.virtualenv.location)) for a in _flat(command)),
+                    *s.posargs,
+                    env=env,
+                )
             return
         s.install(*_flat(common.get("packages", [])), *_flat(spec["packages"]))
         s.install("-e", ".[test]")
@@ -64,9 +71,11 @@ def _make_session(name: str, spec: dict):
         s.run("pytest", *args, *s.posargs, env=env)
 
     session.__name__ = name.replace("-", "_")
-    session.__doc__ = (f"{' '.join(map(str, _flat(spec['command'])))} (Keras backend {spec['backend']!r})"
-                       if "command" in spec else
-                       f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(_flat(spec['packages']))}).")
+    session.__doc__ = (
+        "; ".join(" ".join(map(str, _flat(c))) for c in commands) + f" (Keras backend {spec['backend']!r})"
+        if commands
+        else f"Test-suite on Keras backend {spec['backend']!r} ({', '.join(_flat(spec['packages']))})."
+    )
     return nox.session(name=name, python=False if spec.get("no_venv") else None)(session)
 
 

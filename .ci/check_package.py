@@ -32,7 +32,8 @@ import os, pathlib, sys, warnings
 import keras
 import numpy as np
 import multicritic
-from multicritic import CriticNetwork, CriticTrainer, presets
+from multicritic import CriticNetwork, CriticTrainer
+from multicritic.training import presets
 
 checkout = pathlib.Path(sys.argv[1]).resolve()
 where = pathlib.Path(multicritic.__file__).resolve()
@@ -71,8 +72,11 @@ def run(cmd, **kwargs):
 
 def source_version() -> str:
     tree = ast.parse((ROOT / "multicritic" / "__init__.py").read_text())
-    return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                and any(getattr(t, "id", None) == "__version__" for t in n.targets))
+    return next(
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in n.targets)
+    )
 
 
 def check_wheel(wheel: str, version: str) -> None:
@@ -93,8 +97,9 @@ def main(argv=None) -> int:
     python = sys.executable
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["KERAS_BACKEND"] = args.backend
-    probe = subprocess.run([python, "-I", "-c", "import multicritic"], capture_output=True, cwd=tempfile.gettempdir(),
-                           env=env)
+    probe = subprocess.run(
+        [python, "-I", "-c", "import multicritic"], capture_output=True, cwd=tempfile.gettempdir(), env=env
+    )
     if probe.returncode == 0:
         sys.exit("multicritic is already importable here: run this in a fresh virtualenv (nox -s package)")
     version = source_version()
@@ -110,8 +115,25 @@ def main(argv=None) -> int:
         work = os.path.join(tmp, "work")
         os.mkdir(work)
         demo = os.path.join(os.path.dirname(python), "multicritic")
-        run([demo, "demo", "--backend", args.backend, "--size", "nano", "--steps", "20", "--scales", "1,1e3",
-             "--no-progress", "--json", "demo.json"], cwd=work, env=env)
+        run(
+            [
+                demo,
+                "demo",
+                "--backend",
+                args.backend,
+                "--size",
+                "nano",
+                "--steps",
+                "20",
+                "--scales",
+                "1,1e3",
+                "--no-progress",
+                "--json",
+                "demo.json",
+            ],
+            cwd=work,
+            env=env,
+        )
         result = json.loads(pathlib.Path(work, "demo.json").read_text())
         assert result["backend"] == args.backend and len(result["scales"]) == 2, result
         run([python, "-I", "-c", SMOKE, str(ROOT)], cwd=work, env=env)

@@ -28,8 +28,13 @@ def device_events(trace):
     """The complete events of a Chrome / perfetto trace that ran on a GPU: PyTorch's `kernel` / `gpu_memcpy` /
     `gpu_memset` categories, or any event of a process named `/device:GPU:*` (JAX)."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    gpu_pids = {e.get("pid") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-                and str((e.get("args") or {}).get("name", "")).startswith("/device:GPU")}
+    gpu_pids = {
+        e.get("pid")
+        for e in events
+        if e.get("ph") == "M"
+        and e.get("name") == "process_name"
+        and str((e.get("args") or {}).get("name", "")).startswith("/device:GPU")
+    }
     return [e for e in events if e.get("ph") == "X" and (e.get("cat") in _TORCH_DEVICE or e.get("pid") in gpu_pids)]
 
 

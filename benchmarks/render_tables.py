@@ -30,6 +30,8 @@ import re
 import sys
 from typing import Callable, Dict, List
 
+import numpy as np
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PAGES = ("README.md", "docs/**/*.md")
@@ -94,9 +96,10 @@ def train_step(files, backends=None, batches=None, ours="multicritic", native="n
     """One row per backend and batch: both steps' times, native time / ours, utilisation of the backend's peak."""
     rows, peaks = _pairs(files[0])
     backends, batches = _names(backends), _ints(batches)
-    lines = ["| backend | size | batch | multicritic ms | native ms | native time / ours | multicritic util | "
-             "native util |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| backend | size | batch | multicritic ms | native ms | native time / ours | multicritic util | native util |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     shown = []
     for (backend, size, batch), impls in sorted(rows.items()):
         if (backends and backend not in backends) or (batches and batch not in batches):
@@ -105,9 +108,11 @@ def train_step(files, backends=None, batches=None, ours="multicritic", native="n
             continue
         a, b = impls[ours], impls[native]
         shown.append(backend)
-        lines.append(f"| {backend} | {size} | {batch} | {a['step_ms']:.2f} | {b['step_ms']:.2f} | "
-                     f"{_ratio(b['step_ms'] / a['step_ms'])} | {100 * a['utilization']:.0f}% | "
-                     f"{100 * b['utilization']:.0f}% |")
+        lines.append(
+            f"| {backend} | {size} | {batch} | {a['step_ms']:.2f} | {b['step_ms']:.2f} | "
+            f"{_ratio(b['step_ms'] / a['step_ms'])} | {100 * a['utilization']:.0f}% | "
+            f"{100 * b['utilization']:.0f}% |"
+        )
     return lines + ["", _peaks_line(peaks, sorted(set(shown)))]
 
 
@@ -148,25 +153,39 @@ def gpu_train_step(files):
             key = (r["backend"], r["size"], r["batch"], r.get("precision", "float32"))
             rows.setdefault(key, {})[r["impl"]] = r
     launch = merged.get("launch_cost")
-    lines = ["| backend | size | batch | precision | ours ms | fastest native of its framework, ms | native / ours "
-             "| fastest native of any framework / ours | ours: kernels, busy a step | native: kernels, busy a step "
-             "| ours / floor |", "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| backend | size | batch | precision | ours ms | fastest native of its framework, ms | native / ours "
+        "| fastest native of any framework / ours | ours: kernels, busy a step | native: kernels, busy a step "
+        "| ours / floor |",
+        "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
     for (backend, size, batch, precision), impls in sorted(rows.items()):
         ours = impls.get("multicritic")
         natives = {n: r for n, r in impls.items() if n.startswith("native")}
         if ours is None or not natives:
             continue
         name, best = min(natives.items(), key=lambda kv: kv[1]["step_ms"])
-        anywhere = [r["step_ms"] for (b, s_, ba, p), i in rows.items() if (s_, ba, p) == (size, batch, precision)
-                    for n, r in i.items() if n.startswith("native")]
+        anywhere = [
+            r["step_ms"]
+            for (b, s_, ba, p), i in rows.items()
+            if (s_, ba, p) == (size, batch, precision)
+            for n, r in i.items()
+            if n.startswith("native")
+        ]
         floor = _floor_us(ours, launch)
         lines.append(
             f"| {backend} | {size} | {batch} | {precision} | {_spread(ours)} | {name} {_spread(best)} | "
             f"{_ratio(best['step_ms'] / ours['step_ms'])} | {_ratio(min(anywhere) / ours['step_ms'])} | "
-            f"{_device(ours)} | {_device(best)} | " + ("–" if floor is None else f"{ours['step_ms'] * 1e3 / floor:.2f}")
-            + " |")
-    cost = (f" Launch cost: {launch['eager_us']:.1f} µs a kernel launched eagerly, {launch['in_graph_us']:.2f} µs "
-            "inside a replayed CUDA graph." if launch else "")
+            f"{_device(ours)} | {_device(best)} | "
+            + ("–" if floor is None else f"{ours['step_ms'] * 1e3 / floor:.2f}")
+            + " |"
+        )
+    cost = (
+        f" Launch cost: {launch['eager_us']:.1f} µs a kernel launched eagerly, {launch['in_graph_us']:.2f} µs "
+        "inside a replayed CUDA graph."
+        if launch
+        else ""
+    )
     return lines + ["", f"Machine: {'; '.join(merged['machine'])}.{cost}"]
 
 
@@ -179,8 +198,10 @@ def step_kernels(files):
         native = {r["batch"]: sum(r["ops"].values()) for r in records if r["impl"].startswith("native")}
         for r in records:
             count = sum(r["ops"].values())
-            lines.append(f"| {r['backend']} | {r['size']} | {r['batch']} | {r['impl']} | {count} | "
-                         f"{count / native[r['batch']]:.2f} |")
+            lines.append(
+                f"| {r['backend']} | {r['size']} | {r['batch']} | {r['impl']} | {count} | "
+                f"{count / native[r['batch']]:.2f} |"
+            )
     return lines
 
 
@@ -194,8 +215,9 @@ def train_step_ratios(files, ours="multicritic", native="native"):
         cells = []
         for batch in batches:
             impls = next((i for (be, _, ba), i in rows.items() if be == backend and ba == batch), {})
-            cells.append(_ratio(impls[native]["step_ms"] / impls[ours]["step_ms"])
-                         if ours in impls and native in impls else "–")
+            cells.append(
+                _ratio(impls[native]["step_ms"] / impls[ours]["step_ms"]) if ours in impls and native in impls else "–"
+            )
         if any(c != "–" for c in cells):
             lines.append(f"| {backend} | " + " | ".join(cells) + " |")
     return lines
@@ -204,12 +226,16 @@ def train_step_ratios(files, ours="multicritic", native="native"):
 @table("first_input")
 def first_input(files):
     """A single critic's step with the first Dense's input parts split or concatenated, per backend and batch."""
-    lines = ["| backend | step | batch | split ms | concatenated ms | concatenated / split |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| backend | step | batch | split ms | concatenated ms | concatenated / split |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in files[0]:
         names = {"tensorflow": ("XLA", "graph"), "torch": ("compiled", "eager"), "jax": ("jit", "jit")}[r["backend"]]
-        lines.append(f"| {r['backend']} | {names[0] if r['jit_compile'] else names[1]} | {r['batch']} | "
-                     f"{r['split_ms']:.2f} | {r['concatenated_ms']:.2f} | {r['concatenated_over_split']:.3f} |")
+        lines.append(
+            f"| {r['backend']} | {names[0] if r['jit_compile'] else names[1]} | {r['batch']} | "
+            f"{r['split_ms']:.2f} | {r['concatenated_ms']:.2f} | {r['concatenated_over_split']:.3f} |"
+        )
     return lines
 
 
@@ -221,8 +247,10 @@ def targets(files):
     for t in data["targets"]:
         sign = "<=" if t["benchmark"] == "ensemble" else ">="
         rounds = ", ".join(f"{x:.3f}" for x in t["ratios"])
-        lines.append(f"| {t['target']} | {sign} {t['bound']} | {rounds} | {t['median']:.3f} | "
-                     f"{t['rounds_met']} of {len(t['ratios'])} |")
+        lines.append(
+            f"| {t['target']} | {sign} {t['bound']} | {rounds} | {t['median']:.3f} | "
+            f"{t['rounds_met']} of {len(t['ratios'])} |"
+        )
     return lines + ["", f"`{data['command']}`"]
 
 
@@ -232,25 +260,35 @@ def extras_cost(files):
     records = [r for f in files for r in f]
     variants = [n for n in records[0]["over_full"] if n != "full" and not n.startswith("native")]
     labels = {"native": "graph", "native_xla": "XLA"}  # TensorFlow's; JAX has one native step
-    lines = ["| backend | batch | K | full ms | " + " | ".join(f"without {v}" for v in variants) + " | native |",
-             "|---|---:|---:|---:|" + "---:|" * len(variants) + "---|"]
+    lines = [
+        "| backend | batch | K | full ms | " + " | ".join(f"without {v}" for v in variants) + " | native |",
+        "|---|---:|---:|---:|" + "---:|" * len(variants) + "---|",
+    ]
     for r in records:
         natives = [n for n in r["over_full"] if n.startswith("native")]
-        native = ", ".join(f"{labels[n]} {r['over_full'][n]:.3f}" if len(natives) > 1 else f"{r['over_full'][n]:.3f}"
-                           for n in natives)
-        lines.append(f"| {r['backend']} | {r['batch']} | {r['members']} | {r['step_ms']['full']:.2f} | "
-                     + " | ".join(f"{r['over_full'][v]:.3f}" for v in variants) + f" | {native} |")
+        native = ", ".join(
+            f"{labels[n]} {r['over_full'][n]:.3f}" if len(natives) > 1 else f"{r['over_full'][n]:.3f}" for n in natives
+        )
+        lines.append(
+            f"| {r['backend']} | {r['batch']} | {r['members']} | {r['step_ms']['full']:.2f} | "
+            + " | ".join(f"{r['over_full'][v]:.3f}" for v in variants)
+            + f" | {native} |"
+        )
     return lines + ["", "Time over the full step's (the median of each round's ratio): below 1 is faster."]
 
 
 @table("forward_views")
 def forward_views(files):
     """PyTorch forward passes a host calls in its loops: ours against the same `nn.Module`, per entry point."""
-    lines = ["| size | batch | call | autograd | ours us | nn.Module us | ours / nn.Module |",
-             "|---|---:|---|---|---:|---:|---:|"]
+    lines = [
+        "| size | batch | call | autograd | ours us | nn.Module us | ours / nn.Module |",
+        "|---|---:|---|---|---:|---:|---:|",
+    ]
     for r in files[0]:
-        lines.append(f"| {r['size']} | {r['batch']} | `{r['entry']}` | {'on' if r['autograd'] else 'no_grad'} | "
-                     f"{r['ours_us']:.1f} | {r['native_us']:.1f} | {r['ratio']:.2f} |")
+        lines.append(
+            f"| {r['size']} | {r['batch']} | `{r['entry']}` | {'on' if r['autograd'] else 'no_grad'} | "
+            f"{r['ours_us']:.1f} | {r['native_us']:.1f} | {r['ratio']:.2f} |"
+        )
     return lines
 
 
@@ -259,18 +297,21 @@ def sweep(files):
     """Batch sweep at XS, then model sizes: per backend ours / native ms, the ratio and our utilisation."""
     rows, peaks = _pairs(files[0])
     backends = sorted({b for (b, _, _) in rows})
-    keys = sorted({(size, batch) for (_, size, batch) in rows},
-                  key=lambda k: (k[0] != "XS", SIZES.index(k[0]), k[1]))
-    lines = ["| size | batch | " + " | ".join(f"{b}: ours / native ms, native / ours, util" for b in backends) + " |",
-             "|---|---:|" + "---:|" * len(backends)]
+    keys = sorted({(size, batch) for (_, size, batch) in rows}, key=lambda k: (k[0] != "XS", SIZES.index(k[0]), k[1]))
+    lines = [
+        "| size | batch | " + " | ".join(f"{b}: ours / native ms, native / ours, util" for b in backends) + " |",
+        "|---|---:|" + "---:|" * len(backends),
+    ]
     for size, batch in keys:
         cells = []
         for backend in backends:
             impls = rows.get((backend, size, batch), {})
             if "multicritic" in impls and "native" in impls:
                 a, b = impls["multicritic"], impls["native"]
-                cells.append(f"{a['step_ms']:.2f} / {b['step_ms']:.2f}, {_ratio(b['step_ms'] / a['step_ms'])}, "
-                             f"{100 * a['utilization']:.0f}%")
+                cells.append(
+                    f"{a['step_ms']:.2f} / {b['step_ms']:.2f}, {_ratio(b['step_ms'] / a['step_ms'])}, "
+                    f"{100 * a['utilization']:.0f}%"
+                )
             else:
                 cells.append("–")
         lines.append(f"| {size} | {batch} | " + " | ".join(cells) + " |")
@@ -282,8 +323,10 @@ def step_memory(files):
     """Peak memory of one step: ours / native MiB and their ratio, per backend and batch."""
     rows, _ = _pairs(files[0])
     batches = sorted({batch for (_, _, batch) in rows})
-    lines = ["| backend | " + " | ".join(f"batch {b}: ours / native MiB | ratio" for b in batches) + " |",
-             "|---|" + "---:|---:|" * len(batches)]
+    lines = [
+        "| backend | " + " | ".join(f"batch {b}: ours / native MiB | ratio" for b in batches) + " |",
+        "|---|" + "---:|---:|" * len(batches),
+    ]
     for backend in sorted({b for (b, _, _) in rows}):
         cells = []
         for batch in batches:
@@ -321,14 +364,17 @@ def peers(files, ours="compiled"):
     records = [r for f in files for r in f if "skipped" not in r and ours_ms(r) is not None]
     batches = sorted({r["batch"] for r in records})
     order = list(dict.fromkeys(r["peer"] for r in records))
-    lines = ["| peer | " + " | ".join(f"batch {b}: peer / ours (ms)" for b in batches) + " |",
-             "|---|" + "---:|" * len(batches)]
+    lines = [
+        "| peer | " + " | ".join(f"batch {b}: peer / ours (ms)" for b in batches) + " |",
+        "|---|" + "---:|" * len(batches),
+    ]
     for peer in order:
         cells = []
         for batch in batches:
             r = next((r for r in records if r["peer"] == peer and r["batch"] == batch), None)
-            cells.append("–" if r is None else
-                         f"{_ratio(r['peer_ms'] / ours_ms(r))} ({r['peer_ms']:.2f} / {ours_ms(r):.2f})")
+            cells.append(
+                "–" if r is None else f"{_ratio(r['peer_ms'] / ours_ms(r))} ({r['peer_ms']:.2f} / {ours_ms(r):.2f})"
+            )
         lines.append(f"| {PEER_LABELS.get(peer, peer)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -346,9 +392,11 @@ def fastest_native(row):
 def ensemble(files):
     """K-member ensemble step against one critic, a loop of K critics and a native vectorised ensemble."""
     rows, _ = _pairs(files[0])
-    lines = ["| backend | batch | single ms | K ms | loop of K ms | native K ms | native | K / single | "
-             "loop / single | ours / native |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        "| backend | batch | single ms | K ms | loop of K ms | native K ms | native | K / single | "
+        "loop / single | ours / native |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
     for (backend, size, batch), r in sorted(rows.items()):
         native = fastest_native(r)
         if native is None or not {"single", "ensemble"} <= set(r):
@@ -356,12 +404,16 @@ def ensemble(files):
         ms = {k: r[k]["step_ms"] for k in ("single", "ensemble", "loop", native) if k in r}
         loop = (f"{ms['loop']:.2f}", f"{ms['loop'] / ms['single']:.2f}") if "loop" in ms else ("–", "–")
         label = "XLA" if native == "native_xla" else ("graph" if backend == "tensorflow" else "–")
-        lines.append(f"| {backend} | {batch} | {ms['single']:.2f} | {ms['ensemble']:.2f} | {loop[0]} | "
-                     f"{ms[native]:.2f} | {label} | {ms['ensemble'] / ms['single']:.2f} | "
-                     f"{loop[1]} | {ms['ensemble'] / ms[native]:.2f} |")
+        lines.append(
+            f"| {backend} | {batch} | {ms['single']:.2f} | {ms['ensemble']:.2f} | {loop[0]} | "
+            f"{ms[native]:.2f} | {label} | {ms['ensemble'] / ms['single']:.2f} | "
+            f"{loop[1]} | {ms['ensemble'] / ms[native]:.2f} |"
+        )
     members = sorted({r["ensemble"]["members"] for r in rows.values() if "ensemble" in r})
-    return lines + ["", f"K = {', '.join(map(str, members))} members; "
-                        f"size {', '.join(sorted({s for _, s, _ in rows}))}."]
+    return lines + [
+        "",
+        f"K = {', '.join(map(str, members))} members; size {', '.join(sorted({s for _, s, _ in rows}))}.",
+    ]
 
 
 def head_label(run):
@@ -381,9 +433,12 @@ def demo_heads(files, seconds="yes"):
     runs = files[0]["runs"]
     scales = [s["reward_scale"] for s in runs[0]["scales"]]
     show_seconds = seconds == "yes"
-    lines = ["| head | ensemble | bins | " + " | ".join(f"rel. RMSE @ {s:g}" for s in scales)
-             + (" | seconds (all scales) |" if show_seconds else " |"),
-             "|---|---:|---|" + "---:|" * (len(scales) + show_seconds)]
+    lines = [
+        "| head | ensemble | bins | "
+        + " | ".join(f"rel. RMSE @ {s:g}" for s in scales)
+        + (" | seconds (all scales) |" if show_seconds else " |"),
+        "|---|---:|---|" + "---:|" * (len(scales) + show_seconds),
+    ]
     for run in runs:
         errors = " | ".join(f"{100 * s['relative_rmse']:.2f}%" for s in run["scales"])
         tail = f" | {sum(s['seconds'] for s in run['scales']):.0f} |" if show_seconds else " |"
@@ -402,23 +457,93 @@ def demo_summary(files):
     return lines + ["", f"Backend {files[0]['backend']}, size {c['size']}, {c['bin_scheme']} bins, seed {c['seed']}."]
 
 
+def _seeds(values) -> str:
+    """`mean [min, max]` of per-seed values."""
+    return f"{np.mean(values):.0f} [{min(values):.0f}, {max(values):.0f}]"
+
+
+@table("ppo_scales")
+def ppo_scales(files):
+    """PPO's final return (last 10% of the steps) per task, head and backend at each reward scale: mean over
+    seeds [min, max]; "within spread": each scale's mean inside every other scale's seed range."""
+    from benchmarks.agents.plot_curves import ppo_finals, within_spread
+
+    finals = ppo_finals(files[0])
+    scales = sorted({s for per_scale in finals.values() for s in per_scale})
+    lines = [
+        "| task | head | backend | seeds | " + " | ".join(f"x{s:g}" for s in scales) + " | within spread |",
+        "|---|---|---|---:|" + "---:|" * len(scales) + "---|",
+    ]
+    for (env, head, backend), per_scale in sorted(finals.items()):
+        seeds = min(len(v) for v in per_scale.values())
+        cells = " | ".join(_seeds(per_scale[s]) if s in per_scale else "" for s in scales)
+        complete = len(per_scale) == len(scales)
+        lines.append(
+            f"| {env} | {head} | {backend} | {seeds} | {cells} | "
+            f"{('yes' if within_spread(per_scale) else 'no') if complete else 'n/a'} |"
+        )
+    return lines
+
+
+@table("sheeprl_dreamer")
+def sheeprl_dreamer(files):
+    """sheeprl DreamerV3 per critic: return at budgets (mean over seeds [min, max] of the episodes ending in
+    the budget's last eighth), wall and CPU seconds per run (both halves)."""
+    from benchmarks.agents.plot_curves import final_return
+
+    results = files[0]
+    steps = results["steps"]
+    budgets = [steps // 4, steps // 2, 3 * steps // 4, steps]
+    per_variant = {}
+    for key, halves in results["runs"].items():
+        if len(halves) < 2:
+            continue  # a run still going
+        episodes = [e for half in halves for e in half["episodes"]]
+        row = per_variant.setdefault(key.split("/")[0], {"budgets": [[] for _ in budgets], "wall": [], "cpu": []})
+        for i, budget in enumerate(budgets):
+            row["budgets"][i].append(final_return([e for e in episodes if e[0] <= budget], budget, 0.125))
+        row["wall"].append(sum(h["wall_s"] for h in halves))
+        row["cpu"].append(sum(h["cpu_s"] for h in halves))
+    lines = [
+        "| critic | seeds | " + " | ".join(f"return @ {b}" for b in budgets) + " | wall s / run | CPU s / run |",
+        "|---|---:|" + "---:|" * (len(budgets) + 2),
+    ]
+    for variant, row in per_variant.items():
+        cells = " | ".join(_seeds(v) for v in row["budgets"])
+        lines.append(
+            f"| {variant} | {len(row['wall'])} | {cells} | {np.mean(row['wall']):.0f} | {np.mean(row['cpu']):.0f} |"
+        )
+    return lines + [
+        "",
+        f"{results['env']}, {steps} environment steps per run, resumed from sheeprl's checkpoint at {steps // 2}.",
+    ]
+
+
 @table("member_spread")
 def member_spread(files):
     """Ensembles on the demo: members' spread against the aggregate's error (correlation across states)."""
-    lines = ["| head | reward scale | rel. RMSE | rel. member spread | Pearson | Spearman |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| head | reward scale | rel. RMSE | rel. member spread | Pearson | Spearman |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for run in files[0]["runs"]:
         if run["config"]["ensemble"] == 1:
             continue
         for s in run["scales"]:
-            lines.append(f"| {run['config']['head']} (K = {run['config']['ensemble']}) | {s['reward_scale']:g} | "
-                         f"{100 * s['relative_rmse']:.2f}% | {100 * s['relative_member_spread']:.2f}% | "
-                         f"{s['member_spread_error_pearson']:+.2f} | {s['member_spread_error_spearman']:+.2f} |")
+            lines.append(
+                f"| {run['config']['head']} (K = {run['config']['ensemble']}) | {s['reward_scale']:g} | "
+                f"{100 * s['relative_rmse']:.2f}% | {100 * s['relative_member_spread']:.2f}% | "
+                f"{s['member_spread_error_pearson']:+.2f} | {s['member_spread_error_spearman']:+.2f} |"
+            )
     return lines
 
 
-FORMAT_LABELS = {"keras": "Keras forward", "tf_saved_model": "SavedModel (TensorFlow)",
-                 "onnx": "ONNX (onnxruntime)", "litert": "LiteRT (interpreter)"}
+FORMAT_LABELS = {
+    "keras": "Keras forward",
+    "tf_saved_model": "SavedModel (TensorFlow)",
+    "onnx": "ONNX (onnxruntime)",
+    "litert": "LiteRT (interpreter)",
+}
 
 
 @table("export_latency")
@@ -427,8 +552,10 @@ def export_latency(files):
     records = files[0]
     batches = sorted({r["batch"] for r in records})
     keys = list(dict.fromkeys((r["backend"], r["format"]) for r in records))
-    lines = ["| exported from | runs as | " + " | ".join(f"batch {b}: ms | / Keras" for b in batches) + " |",
-             "|---|---|" + "---:|---:|" * len(batches)]
+    lines = [
+        "| exported from | runs as | " + " | ".join(f"batch {b}: ms | / Keras" for b in batches) + " |",
+        "|---|---|" + "---:|---:|" * len(batches),
+    ]
     for backend, fmt in keys:
         cells = []
         for batch in batches:
@@ -438,9 +565,11 @@ def export_latency(files):
     return lines
 
 
-ENGINES = {"jax": "keras.distribution.DataParallel (virtual CPU devices)",
-           "torch": "DistributedDataParallel (gloo processes)",
-           "tensorflow": "MirroredStrategy (logical CPUs)"}
+ENGINES = {
+    "jax": "keras.distribution.DataParallel (virtual CPU devices)",
+    "torch": "DistributedDataParallel (gloo processes)",
+    "tensorflow": "MirroredStrategy (logical CPUs)",
+}
 
 
 @table("scaling")
@@ -448,14 +577,17 @@ def scaling(files):
     """Data-parallel throughput per backend and device count (steps/s and samples/s)."""
     records = files[0]
     devices = sorted({r["devices"] for r in records})
-    lines = ["| backend | engine | " + " | ".join(f"{d} device{'s' * (d > 1)}" for d in devices) + " |",
-             "|---|---|" + "---:|" * len(devices)]
+    lines = [
+        "| backend | engine | " + " | ".join(f"{d} device{'s' * (d > 1)}" for d in devices) + " |",
+        "|---|---|" + "---:|" * len(devices),
+    ]
     for backend in list(dict.fromkeys(r["backend"] for r in records)):
         cells = []
         for d in devices:
             r = next((r for r in records if r["backend"] == backend and r["devices"] == d), None)
-            cells.append("–" if r is None
-                         else f"{r['steps_per_s']:.2f} steps/s ({r['samples_per_s'] / 1e3:.1f}k samples/s)")
+            cells.append(
+                "–" if r is None else f"{r['steps_per_s']:.2f} steps/s ({r['samples_per_s'] / 1e3:.1f}k samples/s)"
+            )
         lines.append(f"| {backend} | {ENGINES.get(backend, '')} | " + " | ".join(cells) + " |")
     return lines
 
@@ -463,11 +595,15 @@ def scaling(files):
 @table("bin_scheme_bias")
 def bin_scheme_bias(files):
     """Relative decode bias of the 2023 and 2024 bin schemes for spread-out returns."""
-    lines = ["| mean return | spread (std / mean) | uniform_symlog decode bias | symexp decode bias |",
-             "|---:|---:|---:|---:|"]
+    lines = [
+        "| mean return | spread (std / mean) | uniform_symlog decode bias | symexp decode bias |",
+        "|---:|---:|---:|---:|",
+    ]
     for r in files[0]["rows"]:
-        lines.append(f"| {r['mean']:g} | {r['spread']:g} | {100 * r['bias_uniform_symlog']:+.2f}% | "
-                     f"{100 * r['bias_symexp']:+.3f}% |")
+        lines.append(
+            f"| {r['mean']:g} | {r['spread']:g} | {100 * r['bias_uniform_symlog']:+.2f}% | "
+            f"{100 * r['bias_symexp']:+.3f}% |"
+        )
     return lines
 
 
@@ -507,8 +643,11 @@ def public_names(files, package="multicritic"):
     import ast
 
     init = ROOT.joinpath(*package.split("."), "__init__.py")
-    names = next(ast.literal_eval(n.value) for n in ast.parse(init.read_text()).body
-                 if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets))
+    names = next(
+        ast.literal_eval(n.value)
+        for n in ast.parse(init.read_text()).body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)
+    )
     lines = ["| name | is |", "|---|---|"]
     for name in names:
         target = _defined_in(package, name)
@@ -521,15 +660,20 @@ def hosts(files):
     """The registered hosts (`multicritic.interop.HOSTS`): each adapter's codebase, options and interface."""
     from multicritic.interop import HOSTS
 
-    lines = ["| host | codebase | `input_layout` | `norm` | `use_bias` | `bin_scheme` | builds a critic | "
-             "PyTorch modules | named layout |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| host | codebase | `input_layout` | `norm` | `use_bias` | `bin_scheme` | builds a critic | "
+        "PyTorch modules | named layout |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in HOSTS:
         a = HOSTS[name]
         o = a.options
         yes = {True: "yes", False: "no"}
-        lines.append(f"| `{name}` | {a.title} | `{o['input_layout']}` | `{o['norm']}` | {yes[o['use_bias']]} | "
-                     f"`{o['bin_scheme']}` | {yes[a.build is not None]} | {yes[a.modules is not None]} | "
-                     f"{yes[a.key is not None]} |")
+        lines.append(
+            f"| `{name}` | {a.title} | `{o['input_layout']}` | `{o['norm']}` | {yes[o['use_bias']]} | "
+            f"`{o['bin_scheme']}` | {yes[a.build is not None]} | {yes[a.modules is not None]} | "
+            f"{yes[a.key is not None]} |"
+        )
     return lines
 
 
@@ -560,8 +704,10 @@ def render(spec: str) -> str:
     names = [a for a in args if "=" not in a]
     options = dict(a.split("=", 1) for a in args if "=" in a)
     if bool(names) != RENDERERS[name].needs_files:
-        raise ValueError(f"table {name}: got files {names}, expected " +
-                         ("result files" if RENDERERS[name].needs_files else "none (it reads the source)"))
+        raise ValueError(
+            f"table {name}: got files {names}, expected "
+            + ("result files" if RENDERERS[name].needs_files else "none (it reads the source)")
+        )
     files = []
     for file_name in names:
         path = RESULTS / file_name

@@ -30,16 +30,39 @@ import tempfile  # noqa: E402
 import numpy as np  # noqa: E402
 
 OVERRIDES = [
-    "exp=dreamer_v3", "env=dummy", "algo=dreamer_v3_XS", "fabric.accelerator=cpu", "fabric.devices=1",
-    "env.num_envs=1", "env.capture_video=False", "env.sync_env=True",
-    "algo.cnn_keys.encoder=[]", "algo.cnn_keys.decoder=[]", "algo.mlp_keys.encoder=[state]",
-    "algo.mlp_keys.decoder=[state]", "algo.dense_units=32", "algo.mlp_layers=2",
-    "algo.world_model.recurrent_model.recurrent_state_size=24", "algo.world_model.stochastic_size=4",
-    "algo.world_model.discrete_size=5", "algo.world_model.transition_model.hidden_size=32",
-    "algo.world_model.representation_model.hidden_size=32", "algo.total_steps=64", "algo.learning_starts=16",
-    "algo.per_rank_batch_size=2", "algo.per_rank_sequence_length=8", "algo.horizon=5", "algo.replay_ratio=0.25",
-    "algo.run_test=False", "buffer.size=256", "buffer.memmap=False", "buffer.checkpoint=False",
-    "metric.log_level=0", "checkpoint.every=100000", "checkpoint.save_last=False", "model_manager.disabled=True",
+    "exp=dreamer_v3",
+    "env=dummy",
+    "algo=dreamer_v3_XS",
+    "fabric.accelerator=cpu",
+    "fabric.devices=1",
+    "env.num_envs=1",
+    "env.capture_video=False",
+    "env.sync_env=True",
+    "algo.cnn_keys.encoder=[]",
+    "algo.cnn_keys.decoder=[]",
+    "algo.mlp_keys.encoder=[state]",
+    "algo.mlp_keys.decoder=[state]",
+    "algo.dense_units=32",
+    "algo.mlp_layers=2",
+    "algo.world_model.recurrent_model.recurrent_state_size=24",
+    "algo.world_model.stochastic_size=4",
+    "algo.world_model.discrete_size=5",
+    "algo.world_model.transition_model.hidden_size=32",
+    "algo.world_model.representation_model.hidden_size=32",
+    "algo.total_steps=64",
+    "algo.learning_starts=16",
+    "algo.per_rank_batch_size=2",
+    "algo.per_rank_sequence_length=8",
+    "algo.horizon=5",
+    "algo.replay_ratio=0.25",
+    "algo.run_test=False",
+    "buffer.size=256",
+    "buffer.memmap=False",
+    "buffer.checkpoint=False",
+    "metric.log_level=0",
+    "checkpoint.every=100000",
+    "checkpoint.save_last=False",
+    "model_manager.disabled=True",
 ]
 
 
@@ -63,17 +86,22 @@ def run(use_multicritic: bool, overrides=()):
     build_agent, critic_loss = dreamer_v3.build_agent, dreamer_v3.critic_loss
 
     def build_agent_recorded(fabric, actions_dim, is_continuous, cfg, *args, **kwargs):
-        world_model, actor, critic, target_critic, player = build_agent(fabric, actions_dim, is_continuous, cfg,
-                                                                        *args, **kwargs)
+        world_model, actor, critic, target_critic, player = build_agent(
+            fabric, actions_dim, is_continuous, cfg, *args, **kwargs
+        )
         weights["before"] = (_numpy(critic.module.state_dict()), _numpy(target_critic.state_dict()))
         if not use_multicritic:
             weights["after"] = lambda: (_numpy(critic.module.state_dict()), _numpy(target_critic.state_dict()))
             return world_model, actor, critic, target_critic, player
         wm = cfg.algo.world_model
         # The swap: sheeprl's weights in, then the two views in place of its critic and target critic.
-        ours = sheeprl_critic(critic.module.state_dict(), target_critic.state_dict(),
-                              gru_units=wm.recurrent_model.recurrent_state_size,
-                              num_z_categoricals=wm.stochastic_size, num_z_classes=wm.discrete_size)
+        ours = sheeprl_critic(
+            critic.module.state_dict(),
+            target_critic.state_dict(),
+            gru_units=wm.recurrent_model.recurrent_state_size,
+            num_z_categoricals=wm.stochastic_size,
+            num_z_classes=wm.discrete_size,
+        )
         critic_module, target_module = sheeprl_modules(ours)
         critic, target_critic = setup_module(fabric, critic_module), setup_module(fabric, target_module)
         weights["after"] = lambda: export_sheeprl(ours)
@@ -123,8 +151,10 @@ def main(argv=None):
         sys.exit(f"different numbers of critic updates: sheeprl {len(theirs)}, multicritic {len(ours)}")
     worst = float(np.max(np.abs(np.subtract(theirs, ours)) / np.maximum(np.abs(theirs), 1e-12)))
     drift = weight_change_error(their_weights, our_weights)
-    print(f"{len(ours)} critic updates: losses agree to {worst:.2e} (relative), weight changes to {drift:.2e} "
-          "(relative to the largest)")
+    print(
+        f"{len(ours)} critic updates: losses agree to {worst:.2e} (relative), weight changes to {drift:.2e} "
+        "(relative to the largest)"
+    )
     if worst > 1e-5:
         sys.exit("the critic losses differ by more than 1e-5 (relative)")
     if drift > 1e-4:

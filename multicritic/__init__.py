@@ -5,17 +5,20 @@ Set `KERAS_BACKEND` to `tensorflow`, `torch` or `jax` before importing.
 
 import sys
 
-from multicritic import backend_default
+from multicritic import moved
+from multicritic.backend import selection
 
-if "keras" not in sys.modules and backend_default.cli_argv() is not None:
+moved.install()  # 0.1.0's module paths, with a warning
+
+if "keras" not in sys.modules and selection.cli_argv() is not None:
     # This process is the `multicritic` command: its flags choose the backend, before Keras is imported.
     from multicritic.cli import preflight
 
-    preflight(backend_default.cli_argv())  # sets KERAS_BACKEND, or exits with one line on stderr and code 2
-backend_default.select()
+    preflight(selection.cli_argv())  # sets KERAS_BACKEND, or exits with one line on stderr and code 2
+selection.select()
 
-from multicritic.bins import expected_value, inverse_symlog, symexp, symlog, two_hot  # noqa: E402
-from multicritic.critic import CriticNetwork  # noqa: E402
+from multicritic.math.bins import expected_value, inverse_symlog, symexp, symlog, two_hot  # noqa: E402
+from multicritic.model.critic import CriticNetwork  # noqa: E402
 from multicritic.heads.hl_gauss import HLGaussHead, hl_gauss  # noqa: E402
 from multicritic.heads.mse import MSEHead  # noqa: E402
 from multicritic.heads.quantile import QuantileHead  # noqa: E402
@@ -23,15 +26,16 @@ from multicritic.heads.two_hot import TwoHotHead  # noqa: E402
 from multicritic.trunks.residual import ResidualTrunk  # noqa: E402
 from multicritic.layers.layer_norm import LayerNormalization  # noqa: E402
 from multicritic.layers.mlp import MLP  # noqa: E402
-from multicritic.layers.reward_predictor import RewardPredictorLayer  # noqa: E402
-from multicritic.losses import critic_loss  # noqa: E402
-from multicritic.multi_critic import MultiCritic  # noqa: E402
-from multicritic.normalizer import ReturnNormalizer  # noqa: E402
-from multicritic.optimizers import LaProp, LinearWarmup  # noqa: E402
-from multicritic import interop, presets  # noqa: E402
-from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns  # noqa: E402
+from multicritic.heads.two_hot import RewardPredictorLayer  # noqa: E402
+from multicritic.math.losses import critic_loss  # noqa: E402
+from multicritic.model.multi_critic import MultiCritic  # noqa: E402
+from multicritic.model.normalizer import ReturnNormalizer  # noqa: E402
+from multicritic.training.optimizers import LaProp, LinearWarmup  # noqa: E402
+from multicritic import interop  # noqa: E402
+from multicritic.training import presets  # noqa: E402
+from multicritic.math.returns import dream_loss_weights, lambda_returns, replay_lambda_returns  # noqa: E402
 from multicritic.interop.rllib import export_rllib_weights, load_rllib_weights  # noqa: E402
-from multicritic.sizes import get_model_dims  # noqa: E402
+from multicritic.model.sizes import get_model_dims  # noqa: E402
 from multicritic.training.trainer import CriticTrainer  # noqa: E402
 
 __version__ = "0.1.0"

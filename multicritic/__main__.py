@@ -1,6 +1,6 @@
 """`python -m multicritic`: the `multicritic` command.
 
-Importing the package first sees (`backend_default.cli_argv`) that
+Importing the package first sees (`multicritic.backend.selection.cli_argv`) that
 this process is the command and checks the command line and the backend
 (`multicritic.cli.preflight`) before Keras is imported.
 """

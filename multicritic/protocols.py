@@ -13,7 +13,7 @@ class CriticLike(Protocol):
     `stream_critics()` maps each stream's name (`None` for one critic) to
     its `CriticNetwork`. The fast and EMA variables pair up in order, and
     `update_ema` moves every EMA copy (`decay` or `tau`; with `step`, every
-    `period`-th step, copying on the first: `multicritic.ema.update`).
+    `period`-th step, copying on the first: `multicritic.math.ema.update`).
     """
 
     stream_names: Optional[List[str]]
@@ -30,5 +30,6 @@ class CriticLike(Protocol):
     @property
     def ema_weights(self) -> Sequence: ...
 
-    def update_ema(self, decay: Optional[float] = None, *, tau: Optional[float] = None, step=None,
-                   period: int = 1) -> None: ...
+    def update_ema(
+        self, decay: Optional[float] = None, *, tau: Optional[float] = None, step=None, period: int = 1
+    ) -> None: ...

@@ -36,7 +36,8 @@ class FixedOptions:
             raise FixedOptionError(
                 f"{name}: got an assignment of {value!r} to {kind}.{name}, expected none: the option is fixed when "
                 f"the {kind} is built (every backend's compiled step reads it once); "
-                f"{self.fixed_option_hint(name)}.")
+                f"{self.fixed_option_hint(name)}."
+            )
         super().__setattr__(name, value)
 
 
@@ -101,8 +102,11 @@ def number(name: str, value, *, low=None, high=None, low_open=False, allow_none=
         x = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name}: got {value!r}, expected {want}.") from None
-    if (not math.isfinite(x) or (low is not None and (x <= low if low_open else x < low))
-            or (high is not None and x > high)):
+    if (
+        not math.isfinite(x)
+        or (low is not None and (x <= low if low_open else x < low))
+        or (high is not None and x > high)
+    ):
         raise ValueError(f"{name}: got {value!r}, expected {want}.")
     return x
 

@@ -82,7 +82,7 @@ def logits_bound(critic, h, z, dtype: str, use_ema: bool = False):
     logits_all, bounds_all = [], []
     for fast, ema in _members(critic):
         params = ema if use_ema else fast
-        (kernel, g, b), = params[0]
+        ((kernel, g, b),) = params[0]
         _, logits, (cache, features) = ref.forward(params, h, z, keep=True)
         x, xhat, _, y = cache[0]
         assert np.array_equal(x @ kernel, (x @ kernel * 8).round() / 8), "pre-activations off the 1/8 grid"
@@ -117,5 +117,7 @@ def assert_within(got, want, bound, what=""):
     assert got.shape == want.shape, (what, got.shape, want.shape)
     excess = np.abs(got - want) / bound
     worst = np.unravel_index(np.argmax(excess), excess.shape)
-    assert excess.max() <= 1.0, (f"{what}: {excess.max():.3g} of the bound at {worst}: got {got[worst]!r}, "
-                                 f"want {want[worst]!r} +- {bound[worst]!r}")
+    assert excess.max() <= 1.0, (
+        f"{what}: {excess.max():.3g} of the bound at {worst}: got {got[worst]!r}, "
+        f"want {want[worst]!r} +- {bound[worst]!r}"
+    )

@@ -181,8 +181,9 @@ class Trainer:
         self.lr, self.eps, self.clip, self.decay, self.b1, self.b2 = lr, eps, clip, decay, b1, b2
 
     def step(self, h, z, targets, weights):
-        parts, grads = loss_and_grads(unflatten(self.w, self.like), unflatten(self.e, self.like), h, z, targets,
-                                      weights)
+        parts, grads = loss_and_grads(
+            unflatten(self.w, self.like), unflatten(self.e, self.like), h, z, targets, weights
+        )
         g = flatten(grads)
         norm = np.sqrt(sum((x**2).sum() for x in g))
         g = [x * min(1.0, self.clip / norm) for x in g]

@@ -35,9 +35,18 @@ def _part_kinds():
 
     covered = {("head", "two_hot"), ("head", ENSEMBLE_OPTIONS["head"]), ("trunk", "mlp")}
     parts = [("head", n) for n in HEADS] + [("trunk", n) for n in TRUNKS]
-    return {f"{kind}_{name}": dict(model_size="micro", ema_decay=0.9, ensemble_size=2, aggregation="min",
-                                   name=f"golden_{kind}_{name}", **{kind: name})
-            for kind, name in parts if (kind, name) not in covered}
+    return {
+        f"{kind}_{name}": dict(
+            model_size="micro",
+            ema_decay=0.9,
+            ensemble_size=2,
+            aggregation="min",
+            name=f"golden_{kind}_{name}",
+            **{kind: name},
+        )
+        for kind, name in parts
+        if (kind, name) not in covered
+    }
 
 
 KINDS.update(_part_kinds())

@@ -230,10 +230,12 @@ def _goldens():
     report["trainer_steps"] = int(_np(trainer.steps))
     metrics = trainer.train_step(*golden_batch(critic, SAVED_STEPS))
     # Every metric the goldens hold (those the trainer had when they were made).
-    report["trainer_metric_rel"] = {k: _rel(_np(v), golden[f"next_{k}"])
-                                    for k, v in metrics.items() if f"next_{k}" in golden}
-    report["trainer_final_abs"] = max(_abs(_np(v.value), golden[f"next_weight_{i}"])
-                                      for i, v in enumerate(critic.weights))
+    report["trainer_metric_rel"] = {
+        k: _rel(_np(v), golden[f"next_{k}"]) for k, v in metrics.items() if f"next_{k}" in golden
+    }
+    report["trainer_final_abs"] = max(
+        _abs(_np(v.value), golden[f"next_weight_{i}"]) for i, v in enumerate(critic.weights)
+    )
     return report
 
 

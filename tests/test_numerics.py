@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multicritic import CriticNetwork, CriticTrainer, RewardPredictorLayer, critic_loss, two_hot
-from multicritic.bins import SYMLOG_LIMIT, bucket_values, expected_value, two_hot_indices
+from multicritic.math.bins import SYMLOG_LIMIT, bucket_values, expected_value, two_hot_indices
 from multicritic.training.trainer import predict_function
 from tests.conftest import BACKEND, compiled, randomize, to_np
 
@@ -24,7 +24,7 @@ TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32, 1.175494
 ULP = 2.0**-24
 # (num_buckets, bound): symmetric supports, odd and even, the smallest ones included.
 SUPPORTS = [(255, 20.0), (256, 20.0), (2, 20.0), (3, 20.0), (41, 5.0)]
-# "symexp" refuses supports too coarse around 0 (`multicritic.bins`): over +-20 its smallest even one is 18
+# "symexp" refuses supports too coarse around 0 (`multicritic.math.bins`): over +-20 its smallest even one is 18
 # buckets; 2 buckets pass over +-1.
 SYMEXP_SUPPORTS = [(255, 20.0), (256, 20.0), (18, 20.0), (2, 1.0), (3, 20.0), (41, 5.0)]
 
@@ -302,8 +302,17 @@ def test_the_widest_support_is_finite(scheme):
     b = bucket_values(255, -bound, bound, scheme)
     assert np.all(np.isfinite(b)) and np.all(np.diff(b) > 0)
     logits = np.zeros((2, 255), np.float32)
-    out = to_np(critic_loss(logits, np.array([3e38, -1.0], np.float32), np.zeros(2, np.float32), np.ones(2, np.float32),
-                            lower_bound=-bound, upper_bound=bound, bin_scheme=scheme))
+    out = to_np(
+        critic_loss(
+            logits,
+            np.array([3e38, -1.0], np.float32),
+            np.zeros(2, np.float32),
+            np.ones(2, np.float32),
+            lower_bound=-bound,
+            upper_bound=bound,
+            bin_scheme=scheme,
+        )
+    )
     assert all(np.isfinite(v) for v in out.values())
 
 

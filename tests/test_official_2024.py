@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork, CriticTrainer, inverse_symlog
-from multicritic.bins import bucket_values
-from multicritic.returns import replay_lambda_returns
+from multicritic.math.bins import bucket_values
+from multicritic.math.returns import replay_lambda_returns
 from tests.conftest import to_np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,17 +31,27 @@ def golden():
 
 def official_critic():
     """The goldens' value head as a multicritic critic: the 8-wide input is h (4) then z (2 x 2)."""
-    return CriticNetwork(model_size=None, num_dense_layers=3, dense_hidden_units=16, gru_units=4,
-                         num_z_categoricals=2, num_z_classes=2, bin_scheme="symexp", norm="rms", norm_epsilon=1e-4,
-                         use_bias=True, ema_decay=0.98)
+    return CriticNetwork(
+        model_size=None,
+        num_dense_layers=3,
+        dense_hidden_units=16,
+        gru_units=4,
+        num_z_categoricals=2,
+        num_z_classes=2,
+        bin_scheme="symexp",
+        norm="rms",
+        norm_epsilon=1e-4,
+        use_bias=True,
+        ema_decay=0.98,
+    )
 
 
 def official_key(var):
     layer, name = var.path.split("/")[-2:]
     if layer.startswith("dense_"):
-        return f"mlp/linear{layer[len('dense_'):]}/{name}"
+        return f"mlp/linear{layer[len('dense_') :]}/{name}"
     if layer.startswith("layer_norm_"):
-        return f"mlp/norm{layer[len('layer_norm_'):]}/scale"
+        return f"mlp/norm{layer[len('layer_norm_') :]}/scale"
     return f"head/logits/{name}"
 
 
@@ -62,12 +72,15 @@ def test_bins_are_the_official_bins(golden):
 
 
 def test_two_hot_loss_and_gradient_are_the_officials(golden):
-    from multicritic.bins import two_hot, symlog
+    from multicritic.math.bins import two_hot, symlog
 
     logits, targets = golden["twohot/logits"], golden["twohot/targets"]
     encoded = to_np(two_hot(symlog(targets), 255, -20.0, 20.0, "symexp"))
-    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
-        -1, keepdims=True)
+    log_probs = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
     np.testing.assert_allclose(-(encoded * log_probs).sum(-1), golden["twohot/loss"], rtol=1e-5)
     softmax = np.exp(log_probs)
     np.testing.assert_allclose(softmax - encoded, golden["twohot/grad_sum_loss_wrt_logits"], atol=1e-6)
@@ -88,8 +101,14 @@ def test_forward_is_the_officials(golden):
 
 def test_replay_returns_are_the_officials(golden):
     boot = golden[RUN + "step0/aux/imag_ret"][:, 0].reshape(2, 5)  # dream b * T + t starts at replay (t, b)
-    got = replay_lambda_returns(golden["critic/batch/rep_rew"].T, golden["critic/batch/rep_last"].T,
-                                golden["critic/batch/rep_term"].T, boot.T, 1.0 - 1.0 / 333, 0.95)
+    got = replay_lambda_returns(
+        golden["critic/batch/rep_rew"].T,
+        golden["critic/batch/rep_last"].T,
+        golden["critic/batch/rep_term"].T,
+        boot.T,
+        1.0 - 1.0 / 333,
+        0.95,
+    )
     np.testing.assert_allclose(to_np(got).T, golden[RUN + "step0/aux/repl_ret"], rtol=1e-5, atol=1e-4)
 
 
@@ -103,13 +122,21 @@ def batches(golden):
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_three_updates_are_the_officials(golden, jit_compile):
     """From the same weights and batch, three `dreamerv3-2024` updates give the official weights (<= 1e-5)."""
-    from multicritic.optimizers import LaProp
+    from multicritic.training.optimizers import LaProp
 
     critic = official_critic()
     load(critic, golden, RUN + "init/")
-    trainer = CriticTrainer(critic, optimizer=LaProp(learning_rate=1e-3), grad_clip=None, gamma=1.0, lambda_=0.95,
-                            ema_regularizer_weight=1.0, replay_loss_weight=0.3, replay_discount=1.0 - 1.0 / 333,
-                            jit_compile=jit_compile)
+    trainer = CriticTrainer(
+        critic,
+        optimizer=LaProp(learning_rate=1e-3),
+        grad_clip=None,
+        gamma=1.0,
+        lambda_=0.95,
+        ema_regularizer_weight=1.0,
+        replay_loss_weight=0.3,
+        replay_discount=1.0 - 1.0 / 333,
+        jit_compile=jit_compile,
+    )
     data = batches(golden)
     for step in range(3):
         metrics = trainer.train_on_dream_and_replay(*data)

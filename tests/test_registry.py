@@ -10,12 +10,12 @@ import pytest
 from keras.src.testing import TestCase
 
 from multicritic import CriticNetwork, CriticTrainer, critic_loss
-from multicritic.export import SUPPORTED
+from multicritic.files.export import SUPPORTED
 from multicritic.heads import HEADS
 from multicritic.registry import LAYER_KEYS
 from multicritic.trunks import TRUNKS
 from tests.conftest import BACKEND, compiled, random_inputs, randomize, to_np
-from tests.test_export import assert_serves, exported
+from tests.files.test_export import assert_serves, exported
 
 PARTS = [("head", name) for name in HEADS] + [("trunk", name) for name in TRUNKS]
 IDS = [f"{kind}-{name}" for kind, name in PARTS]
@@ -45,10 +45,16 @@ def test_part_passes_keras_run_layer_test(kind, name, members):
         init, out, weights = {"members": members}, (lead, lead + (units,)), 2
     else:
         init, out, weights = {**TRUNK_SIZES, "members": members}, lead + (U,), None
-    TestCase().run_layer_test(cls, init_kwargs=init, input_shape=(B, D) if kind == "trunk" else lead + (D,),
-                              expected_output_shape=out, expected_num_trainable_weights=weights,
-                              expected_num_non_trainable_weights=0, expected_num_seed_generators=0,
-                              supports_masking=False)
+    TestCase().run_layer_test(
+        cls,
+        init_kwargs=init,
+        input_shape=(B, D) if kind == "trunk" else lead + (D,),
+        expected_output_shape=out,
+        expected_num_trainable_weights=weights,
+        expected_num_non_trainable_weights=0,
+        expected_num_seed_generators=0,
+        supports_masking=False,
+    )
 
 
 @pytest.mark.parametrize("kind, name", PARTS, ids=IDS)

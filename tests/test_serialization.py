@@ -45,8 +45,10 @@ def test_keras_file_round_trip_keeps_fast_and_ema_weights_and_options(tmp_path):
 
 
 def test_layers_round_trip_through_keras_serialization():
-    for layer in (MLP(model_size="nano", output_layer_size=3),
-                  RewardPredictorLayer(num_buckets=11, bin_scheme="symexp")):
+    for layer in (
+        MLP(model_size="nano", output_layer_size=3),
+        RewardPredictorLayer(num_buckets=11, bin_scheme="symexp"),
+    ):
         config = keras.saving.serialize_keras_object(layer)
         assert config["registered_name"].startswith("multicritic>")
         clone = keras.saving.deserialize_keras_object(json.loads(json.dumps(config)))

@@ -6,9 +6,9 @@ episodes' returns, binned by environment steps, with the seeds' min-max band), t
 (returns in the environment's own units), each backend a line style.
 
     python benchmarks/agents/plot_curves.py sheeprl benchmarks/results/results_sheeprl_dreamer.json \\
-        benchmarks/results/results_sheeprl_dreamer.png
+        docs/images/agents_sheeprl_dreamer.png
     python benchmarks/agents/plot_curves.py ppo benchmarks/results/results_ppo_scales.json \\
-        benchmarks/results/results_ppo_scales.png
+        docs/images/agents_ppo_scales.png
 """
 
 from __future__ import annotations
@@ -32,6 +32,28 @@ def binned(episodes, steps, bins):
         if np.any(index == b):
             out[b] = returns[index == b].mean()
     return edges[1:], out
+
+
+def final_return(episodes, steps, fraction=0.1):
+    """A run's final return: the mean return of the episodes ending in the last `fraction` of its steps
+    (NaN when none did)."""
+    ends = [r for at, r in episodes if at > (1 - fraction) * steps]
+    return float(np.mean(ends)) if ends else float("nan")
+
+
+def ppo_finals(results):
+    """`{(env, head, backend): {scale: [final return per seed]}}` of `ppo_scales.py`'s runs."""
+    out = {}
+    for run in results["runs"].values():
+        key = (run["env"], run["head"], run["backend"])
+        out.setdefault(key, {}).setdefault(run["reward_scale"], []).append(final_return(run["episodes"], run["steps"]))
+    return out
+
+
+def within_spread(per_scale):
+    """Whether each scale's mean final return lies within every other scale's seed range (min to max)."""
+    means = {s: np.mean(v) for s, v in per_scale.items()}
+    return all(min(per_scale[o]) <= means[s] <= max(per_scale[o]) for s in per_scale for o in per_scale)
 
 
 def sheeprl_curves(results, bins=16):
@@ -81,16 +103,20 @@ def plot_ppo(results, path, bins=20):
         ax = axes[i][j]
         for scale in sorted({r["reward_scale"] for r in runs}):
             for backend, style in styles.items():
-                chosen = [r for r in runs if (r["env"], r["head"], r["reward_scale"], r["backend"]) ==
-                          (env, head, scale, backend)]
+                chosen = [
+                    r
+                    for r in runs
+                    if (r["env"], r["head"], r["reward_scale"], r["backend"]) == (env, head, scale, backend)
+                ]
                 if not chosen:
                     continue
                 curves = [binned(r["episodes"], r["steps"], bins) for r in chosen]
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     x, mean = curves[0][0], np.nanmean([c for _, c in curves], 0)
-                ax.plot(x, mean, style, color=f"C{int(np.log10(scale)) // 3}",
-                        label=f"x{scale:g} {backend} ({len(chosen)})")
+                ax.plot(
+                    x, mean, style, color=f"C{int(np.log10(scale)) // 3}", label=f"x{scale:g} {backend} ({len(chosen)})"
+                )
         ax.set_title(f"{env}, {head}")
         ax.set_xlabel("environment steps")
         ax.set_ylabel("return")

@@ -47,14 +47,36 @@ def run_one(backend, env, head, scale, seed, steps, log):
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "run.json")
         keras_backend, script = agent(backend)
-        command = [sys.executable, script, "--env", env, "--head", head, "--reward-scale", str(scale),
-                   "--steps", str(steps), "--seed", str(seed), "--json", out]
-        env_vars = {**os.environ, "KERAS_BACKEND": keras_backend, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
-                    "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
-                    "PYTHONUNBUFFERED": "1"}
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                              env=env_vars) as process:
+        command = [
+            sys.executable,
+            script,
+            "--env",
+            env,
+            "--head",
+            head,
+            "--reward-scale",
+            str(scale),
+            "--steps",
+            str(steps),
+            "--seed",
+            str(seed),
+            "--json",
+            out,
+        ]
+        env_vars = {
+            **os.environ,
+            "KERAS_BACKEND": keras_backend,
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
+            "TF_NUM_INTRAOP_THREADS": "1",
+            "TF_NUM_INTEROP_THREADS": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "PYTHONUNBUFFERED": "1",
+        }
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env_vars
+        ) as process:
             tail = []
             for line in process.stdout:
                 tail = (tail + [line])[-30:]

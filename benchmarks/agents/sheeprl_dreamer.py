@@ -37,6 +37,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 from benchmarks import example  # noqa: E402
+
 VARIANTS = ("stock", "swap")
 
 # The example's settings (CPU, one environment, vector observations), on a Gymnasium task at sizes that learn
@@ -44,12 +45,21 @@ VARIANTS = ("stock", "swap")
 # replay ratio 0.5, sheeprl's horizon; the replay buffer in the checkpoint (a resume continues on it), the
 # episodes' returns printed. `total_steps` and the buffer's size are set per run.
 CHANGES = {
-    "env": "gym", "algo.dense_units": "64", "algo.world_model.recurrent_model.recurrent_state_size": "128",
-    "algo.world_model.stochastic_size": "16", "algo.world_model.discrete_size": "16",
-    "algo.world_model.transition_model.hidden_size": "64", "algo.world_model.representation_model.hidden_size": "64",
-    "algo.per_rank_batch_size": "16", "algo.per_rank_sequence_length": "64", "algo.replay_ratio": "0.5",
-    "algo.learning_starts": "1024", "buffer.checkpoint": "True", "metric.log_level": "1",
-    "metric.disable_timer": "True", "checkpoint.save_last": "True",
+    "env": "gym",
+    "algo.dense_units": "64",
+    "algo.world_model.recurrent_model.recurrent_state_size": "128",
+    "algo.world_model.stochastic_size": "16",
+    "algo.world_model.discrete_size": "16",
+    "algo.world_model.transition_model.hidden_size": "64",
+    "algo.world_model.representation_model.hidden_size": "64",
+    "algo.per_rank_batch_size": "16",
+    "algo.per_rank_sequence_length": "64",
+    "algo.replay_ratio": "0.5",
+    "algo.learning_starts": "1024",
+    "buffer.checkpoint": "True",
+    "metric.log_level": "1",
+    "metric.disable_timer": "True",
+    "checkpoint.save_last": "True",
 }
 DROPPED = ("algo.total_steps", "algo.horizon", "buffer.size", "checkpoint.every")
 
@@ -76,13 +86,18 @@ def _swap(variant: str) -> None:
     def swapped(fabric, actions_dim, is_continuous, cfg, *args, **kwargs):
         from sheeprl.utils.fabric import setup_module
 
-        world_model, actor, critic, target_critic, player = build_agent(fabric, actions_dim, is_continuous, cfg,
-                                                                        *args, **kwargs)
+        world_model, actor, critic, target_critic, player = build_agent(
+            fabric, actions_dim, is_continuous, cfg, *args, **kwargs
+        )
         wm = cfg.algo.world_model
         # sheeprl's weights (fresh, or its checkpoint's on a resume) in, the views out.
-        ours = adapter.sheeprl_critic(critic.module.state_dict(), target_critic.state_dict(),
-                                      gru_units=wm.recurrent_model.recurrent_state_size,
-                                      num_z_categoricals=wm.stochastic_size, num_z_classes=wm.discrete_size)
+        ours = adapter.sheeprl_critic(
+            critic.module.state_dict(),
+            target_critic.state_dict(),
+            gru_units=wm.recurrent_model.recurrent_state_size,
+            num_z_categoricals=wm.stochastic_size,
+            num_z_classes=wm.discrete_size,
+        )
         critic_module, target_module = adapter.sheeprl_modules(ours)
         print(f"{_SWAPPED}{variant}: {type(critic_module).__name__}", flush=True)
         return world_model, actor, setup_module(fabric, critic_module), target_module, player
@@ -120,15 +135,23 @@ def _checkpoint(log_root: str) -> str:
 def run_half(variant: str, seed: int, steps: int, half: int, work: str, env_id: str, log, extra=()) -> dict:
     """Runs one half in a child process; returns its episodes and times."""
     log_root = os.path.join(work, f"{variant}-{seed}")
-    overrides = [*extra, f"seed={seed}", f"env.id={env_id}", f"log_root={log_root}", f"buffer.size={steps}",
-                 f"algo.total_steps={steps // 2 if half == 0 else steps}", f"checkpoint.every={steps}"]
+    overrides = [
+        *extra,
+        f"seed={seed}",
+        f"env.id={env_id}",
+        f"log_root={log_root}",
+        f"buffer.size={steps}",
+        f"algo.total_steps={steps // 2 if half == 0 else steps}",
+        f"checkpoint.every={steps}",
+    ]
     if half == 1:
         overrides.append(f"checkpoint.resume_from={_checkpoint(log_root)}")
     command = [sys.executable, os.path.abspath(__file__), "--child", variant, *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     start, episodes, swapped, cpu = time.perf_counter(), [], None, None
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                          env=env) as process:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
+    ) as process:
         lines = []
         for line in process.stdout:
             lines.append(line)
@@ -137,9 +160,9 @@ def run_half(variant: str, seed: int, steps: int, half: int, work: str, env_id: 
                 episodes.append([int(found[1]), float(found[2])])
                 log(f"{variant} seed {seed}: step {found[1]} return {float(found[2]):.1f}")
             if line.startswith(_SWAPPED):
-                swapped = line[len(_SWAPPED):].strip()
+                swapped = line[len(_SWAPPED) :].strip()
             if line.startswith(_CPU):
-                cpu = float(line[len(_CPU):])
+                cpu = float(line[len(_CPU) :])
     if process.returncode:
         raise RuntimeError(f"{variant} seed {seed} half {half} failed:\n{''.join(lines[-40:])}")
     if (variant != "stock") != bool(swapped):
@@ -163,8 +186,13 @@ def main(argv=None):
     rest = [*args.overrides, *rest]
     if args.child:
         return child(args.child, rest)
-    results = {"command": " ".join(["python benchmarks/agents/sheeprl_dreamer.py", *sys.argv[1:]]),
-               "env": args.env, "steps": args.steps, "overrides": [*overrides(), *rest], "runs": {}}
+    results = {
+        "command": " ".join(["python benchmarks/agents/sheeprl_dreamer.py", *sys.argv[1:]]),
+        "env": args.env,
+        "steps": args.steps,
+        "overrides": [*overrides(), *rest],
+        "runs": {},
+    }
     if args.json and os.path.exists(args.json):
         with open(args.json) as f:
             old = json.load(f)

@@ -65,8 +65,6 @@ def init(rng, members, in_dim, units, layers):
 ensemble_forward = jax.vmap(forward, in_axes=(0, None, None))
 
 
-
-
 def loss_fn(params, ema, h, z, targets, weights):
     _, logits = ensemble_forward(params, h, z)
     ema_value, _ = ensemble_forward(ema, h, z)
@@ -102,8 +100,9 @@ def make_update(lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, beta_1=0.9, beta_2=0.
 class Ensemble:
     """Holds the state; `step(h, z, targets, weights)` runs one jitted, donated update."""
 
-    def __init__(self, members, in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0,
-                 params=None, ema=None):
+    def __init__(
+        self, members, in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, params=None, ema=None
+    ):
         params = init(np.random.default_rng(seed), members, in_dim, units, layers) if params is None else params
         ema = jax.tree_util.tree_map(jnp.copy, params) if ema is None else ema
         zeros = lambda: jax.tree_util.tree_map(jnp.zeros_like, params)  # noqa: E731

@@ -32,7 +32,6 @@ from benchmarks.native.native_tensorflow import two_hot_parts  # the same two-ho
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
 
-
 class Ensemble:
     """Holds the stacked variables; `step(h, z, targets, weights)` is one compiled update.
 
@@ -41,8 +40,20 @@ class Ensemble:
     `jit_compile`: XLA (`True`) or a plain graph (`False`, the default).
     """
 
-    def __init__(self, members, in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0,
-                 jit_compile=False, first_layer="matmul"):
+    def __init__(
+        self,
+        members,
+        in_dim,
+        units,
+        layers,
+        lr=3e-5,
+        eps=1e-5,
+        clip=100.0,
+        decay=0.98,
+        seed=0,
+        jit_compile=False,
+        first_layer="matmul",
+    ):
         rng = np.random.default_rng(seed)
         self.members, self.units, self.layers = members, units, layers
         values = []

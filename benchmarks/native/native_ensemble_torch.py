@@ -43,6 +43,7 @@ from benchmarks.native.native_torch import DEVICE, Critic, symlog, two_hot_parts
 
 NUM_BUCKETS, LOWER, UPPER = 255, -20.0, 20.0
 
+
 def _critic(in_dim, units, layers):
     """The single-critic baseline's module (`native_torch.Critic`), kernels glorot-uniform as Keras's."""
     critic = Critic(in_dim, units, layers)
@@ -72,8 +73,21 @@ class Ensemble:
     `foreach=True`; `compile_update`: `torch.compile` the clip + Adam + EMA.
     """
 
-    def __init__(self, members, in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0,
-                 grad="autograd", fused=True, compile_update=False):
+    def __init__(
+        self,
+        members,
+        in_dim,
+        units,
+        layers,
+        lr=3e-5,
+        eps=1e-5,
+        clip=100.0,
+        decay=0.98,
+        seed=0,
+        grad="autograd",
+        fused=True,
+        compile_update=False,
+    ):
         torch.manual_seed(seed)
         copies = [_critic(in_dim, units, layers).to(DEVICE) for _ in range(members)]
         params, buffers = stack_module_state(copies)

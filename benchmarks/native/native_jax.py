@@ -97,8 +97,20 @@ FASTEST = {
 }
 
 
-def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, initial=None,
-              two_hot="gather", donate=True, precision="float32"):
+def make_step(
+    in_dim,
+    units,
+    layers,
+    lr=3e-5,
+    eps=1e-5,
+    clip=100.0,
+    decay=0.98,
+    seed=0,
+    initial=None,
+    two_hot="gather",
+    donate=True,
+    precision="float32",
+):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(params, ema)` pytrees to start from
     (`step.read("fast" | "ema")` reads them back); `two_hot`, `donate` (the state's buffers to the step): the
     variant (see `VARIANTS`); `precision="bfloat16"`: the matmuls in bfloat16 (weights kept in float32)."""
@@ -109,6 +121,7 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
     if initial is not None:
         params = jax.tree_util.tree_map(jnp.asarray, initial[0])
     ema = jax.tree_util.tree_map(jnp.copy, params if initial is None else initial[1])
+
     def zeros():
         return jax.tree_util.tree_map(jnp.zeros_like, params)
 

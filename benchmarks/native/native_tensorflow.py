@@ -47,8 +47,20 @@ FASTEST = {
 }
 
 
-def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, seed=0, jit_compile=False,
-              initial=None, layer_norm="batch_normalization", two_hot="gather"):
+def make_step(
+    in_dim,
+    units,
+    layers,
+    lr=3e-5,
+    eps=1e-5,
+    clip=100.0,
+    decay=0.98,
+    seed=0,
+    jit_compile=False,
+    initial=None,
+    layer_norm="batch_normalization",
+    two_hot="gather",
+):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(fast, ema)` lists (per layer kernel, gamma,
     beta; then head kernel, bias) to start from (`step.read("fast" | "ema")` reads them back); `layer_norm`,
     `two_hot`: the variant (see `VARIANTS`)."""

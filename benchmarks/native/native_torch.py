@@ -45,8 +45,11 @@ class Critic(nn.Module):
         super().__init__()
         blocks = []
         for i in range(layers):
-            blocks += [nn.Linear(in_dim if i == 0 else units, units, bias=False), nn.LayerNorm(units, eps=1e-3),
-                       nn.SiLU()]
+            blocks += [
+                nn.Linear(in_dim if i == 0 else units, units, bias=False),
+                nn.LayerNorm(units, eps=1e-3),
+                nn.SiLU(),
+            ]
         self.mlp = nn.Sequential(*blocks)
         self.head = nn.Linear(units, NUM_BUCKETS)
         nn.init.zeros_(self.head.weight)
@@ -105,8 +108,20 @@ FASTEST = {
 }
 
 
-def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, jit_compile=False, initial=None,
-              two_hot="gather", optimizer="foreach", precision="float32"):
+def make_step(
+    in_dim,
+    units,
+    layers,
+    lr=3e-5,
+    eps=1e-5,
+    clip=100.0,
+    decay=0.98,
+    jit_compile=False,
+    initial=None,
+    two_hot="gather",
+    optimizer="foreach",
+    precision="float32",
+):
     """`step(h, z, targets, weights) -> metrics`; `initial`: `(fast, ema)` state dicts to start from
     (`step.read("fast" | "ema")` reads them back); `two_hot`, `optimizer`: the variant (see `VARIANTS`);
     `precision="bfloat16"`: the forward passes under `torch.autocast` (matmuls in bfloat16; the loss, the
@@ -189,8 +204,11 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
         update = torch.compile(update, fullgraph=True, mode=mode)
 
     def read(which):
-        return {k: v.detach().cpu().numpy().copy() for k, v in (critic if which == "fast" else ema).state_dict().items()
-                if k != "buckets"}
+        return {
+            k: v.detach().cpu().numpy().copy()
+            for k, v in (critic if which == "fast" else ema).state_dict().items()
+            if k != "buckets"
+        }
 
     if jit_compile == "cuda_graph":
         if optimizer != "foreach":
@@ -203,8 +221,9 @@ def make_step(in_dim, units, layers, lr=3e-5, eps=1e-5, clip=100.0, decay=0.98, 
 def _captured(forward_loss, update, params, state, read):
     """The step `forward_loss` + backward + `update` captured as one CUDA graph per input shape."""
     if not torch.cuda.is_available():
-        raise ValueError("jit_compile: got 'cuda_graph' without a CUDA device, expected True, False or "
-                         "'reduce-overhead'.")
+        raise ValueError(
+            "jit_compile: got 'cuda_graph' without a CUDA device, expected True, False or 'reduce-overhead'."
+        )
     graphs = {}
 
     def body(inputs):

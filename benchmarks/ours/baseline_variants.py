@@ -43,9 +43,18 @@ def run_backend(backend, size, batches, repeats, block_seconds):
         times, count = time_side_by_side(backend, impls, data, repeats, block_seconds)
         chosen = label(options_for(native, batch))
         for name, values in times.items():
-            records.append({"backend": backend, "size": size, "batch": batch, "variant": name,
-                            "step_ms": statistics.median(values) * 1e3, "repeats": repeats,
-                            "steps_per_block": count, "chosen": name == chosen})
+            records.append(
+                {
+                    "backend": backend,
+                    "size": size,
+                    "batch": batch,
+                    "variant": name,
+                    "step_ms": statistics.median(values) * 1e3,
+                    "repeats": repeats,
+                    "steps_per_block": count,
+                    "chosen": name == chosen,
+                }
+            )
     return records
 
 
@@ -56,14 +65,15 @@ def table(records):
         key = (r["backend"], r["batch"])
         best[key] = min(best.get(key, float("inf")), r["step_ms"])
     for r in sorted(records, key=lambda r: (r["backend"], r["batch"], r["step_ms"])):
-        lines.append(f"| {r['backend']} | {r['batch']} | {r['variant']} | {r['step_ms']:.2f} | "
-                     f"{r['step_ms'] / best[(r['backend'], r['batch'])]:.3f} | {'yes' if r['chosen'] else ''} |")
+        lines.append(
+            f"| {r['backend']} | {r['batch']} | {r['variant']} | {r['step_ms']:.2f} | "
+            f"{r['step_ms'] / best[(r['backend'], r['batch'])]:.3f} | {'yes' if r['chosen'] else ''} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None):
-    timed_command(__file__, __doc__, argv, run_backend, table, batches=(256, 4096, 15360), repeats=5,
-                  block_seconds=1.0)
+    timed_command(__file__, __doc__, argv, run_backend, table, batches=(256, 4096, 15360), repeats=5, block_seconds=1.0)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from multicritic import inverse_symlog, symlog, two_hot
-from multicritic.bins import expected_value
+from multicritic.math.bins import expected_value
 
 
 def decoded(returns, scheme):
@@ -41,8 +41,15 @@ def main(argv=None):
             truth = returns.mean()
             row = [100 * (decoded(returns, s) - truth) / truth for s in ("uniform_symlog", "symexp")]
             print(f"| {mean:g} | {spread:g} | {row[0]:+.2f}% | {row[1]:+.3f}% |")
-            records.append({"mean": mean, "spread": spread, "samples": len(returns),
-                            "bias_uniform_symlog": row[0] / 100, "bias_symexp": row[1] / 100})
+            records.append(
+                {
+                    "mean": mean,
+                    "spread": spread,
+                    "samples": len(returns),
+                    "bias_uniform_symlog": row[0] / 100,
+                    "bias_symexp": row[1] / 100,
+                }
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": keras.backend.backend(), "rows": records}, f, indent=1)

@@ -1,6 +1,6 @@
 """What the symmetric value decode costs a PyTorch forward pass, in context, against the plain decode.
 
-`multicritic.bins.expected_value` sums mirrored pairs of buckets over whole
+`multicritic.math.bins.expected_value` sums mirrored pairs of buckets over whole
 rows, `sum((p - flip(p)) * a_lower)` with `a` the support made exactly
 antisymmetric (zero past the middle), so that a symmetric distribution decodes to exactly 0 in any
 summation order. This times the XS forward pass (the replayed ops
@@ -31,7 +31,7 @@ def decoders(buckets=255):
     import numpy as np
     import torch
 
-    from multicritic.bins import bucket_values
+    from multicritic.math.bins import bucket_values
 
     support = bucket_values(buckets)
     m = buckets // 2
@@ -41,7 +41,7 @@ def decoders(buckets=255):
     half[m] = 0.0
 
     def linear_half_rows(p):
-        return torch.sum(torch.mul(torch.sub(p[:, :m], torch.flip(p[:, buckets - m:], [-1])), antisymmetric), [-1])
+        return torch.sum(torch.mul(torch.sub(p[:, :m], torch.flip(p[:, buckets - m :], [-1])), antisymmetric), [-1])
 
     lower = torch.cat([antisymmetric, torch.zeros(buckets - m)])
 
@@ -80,7 +80,7 @@ def variants(batch, in_dim=1280, units=256, buckets=255):
 def main(argv=None):
     from benchmarks.ours.forward_views import variants_main
 
-    variants_main(__doc__, variants, 'plain', 'decode', argv)
+    variants_main(__doc__, variants, "plain", "decode", argv)
 
 
 if __name__ == "__main__":

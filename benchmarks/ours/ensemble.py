@@ -153,20 +153,49 @@ def main(argv=None):
         "--jit-compile", action="store_true", help="multicritic's jit_compile (XLA on TF, compiled update on PyTorch)"
     )
     parser.add_argument(
-        "--native-kwargs", default="{}", metavar="JSON",
-        help='options of the native ensemble, e.g. \'{"jit_compile": false}\' (TF) or \'{"fused": true}\' (PyTorch)',
+        "--native-kwargs",
+        default="{}",
+        metavar="JSON",
+        help="options of the native ensemble, e.g. '{\"jit_compile\": false}' (TF) or '{\"fused\": true}' (PyTorch)",
     )
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     native_kwargs = json.loads(args.native_kwargs)
 
-    child = ["--size", args.size, "--members", str(args.members), "--repeats", str(args.repeats),
-             "--block-seconds", str(args.block_seconds), "--native-kwargs", args.native_kwargs,
-             "--impls", *args.impls, "--batch", *map(str, args.batch)] + (["--jit-compile"] if args.jit_compile else [])
-    dispatch(__file__, args, child, lambda: run_backend(args.backend, args.size, args.batch, args.members, args.repeats,
-                                                         args.block_seconds, args.jit_compile, native_kwargs,
-                                                         args.impls), table)
+    child = [
+        "--size",
+        args.size,
+        "--members",
+        str(args.members),
+        "--repeats",
+        str(args.repeats),
+        "--block-seconds",
+        str(args.block_seconds),
+        "--native-kwargs",
+        args.native_kwargs,
+        "--impls",
+        *args.impls,
+        "--batch",
+        *map(str, args.batch),
+    ] + (["--jit-compile"] if args.jit_compile else [])
+    dispatch(
+        __file__,
+        args,
+        child,
+        lambda: run_backend(
+            args.backend,
+            args.size,
+            args.batch,
+            args.members,
+            args.repeats,
+            args.block_seconds,
+            args.jit_compile,
+            native_kwargs,
+            args.impls,
+        ),
+        table,
+    )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def run_backend(backend, size, batches, repeats, block_seconds):
     import numpy as np
 
     from multicritic import CriticNetwork
-    from multicritic.export import SUPPORTED, load_exported
+    from multicritic.files.export import SUPPORTED, load_exported
     from multicritic.training import predict_function
 
     critic = CriticNetwork(model_size=size)
@@ -78,9 +78,16 @@ def run_backend(backend, size, batches, repeats, block_seconds):
             for name in list(impls) if r % 2 == 0 else list(impls)[::-1]:
                 times[name].append(_block(impls[name], (h, z), count))
         for name, values in times.items():
-            records.append({"backend": backend, "format": name, "batch": batch, "size": size,
-                            "ms": 1e3 * statistics.median(values),
-                            "vs_keras": statistics.median(values) / statistics.median(times["keras"])})
+            records.append(
+                {
+                    "backend": backend,
+                    "format": name,
+                    "batch": batch,
+                    "size": size,
+                    "ms": 1e3 * statistics.median(values),
+                    "vs_keras": statistics.median(values) / statistics.median(times["keras"]),
+                }
+            )
     return records
 
 

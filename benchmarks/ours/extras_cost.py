@@ -53,7 +53,7 @@ def left_out(variant):
     """The context in which a step traced leaves `variant` out (see the module docstring)."""
     from keras import ops
 
-    from multicritic import bins
+    from multicritic.math import bins
     from multicritic.layers import layer_norm, mlp
     from multicritic.training import step
 
@@ -64,14 +64,16 @@ def left_out(variant):
         return {"total": losses["total"], "invalid_inputs": losses["invalid_inputs"]}
 
     parts = {
-        "guards": lambda: [_patched(mlp, "_FIRST_INPUT_SCALE", 1.0),
-                           _patched(layer_norm, "_inv_std", lambda centered, var, eps: ops.rsqrt(var + eps)),
-                           _patched(step.CriticStep, "_invalid_states", lambda self, fast, h, z: 0.0)],
+        "guards": lambda: [
+            _patched(mlp, "_FIRST_INPUT_SCALE", 1.0),
+            _patched(layer_norm, "_inv_std", lambda centered, var, eps: ops.rsqrt(var + eps)),
+            _patched(step.CriticStep, "_invalid_states", lambda self, fast, h, z: 0.0),
+        ],
         "diagnostics": lambda: [_patched(step.CriticStep, "_critic_losses", total_only)],
         "pairs": lambda: [_patched(bins, "_decode_table", lambda *args: None)],
     }
     stack = contextlib.ExitStack()
-    for name in (tuple(parts) if variant == "all" else (variant,)):
+    for name in tuple(parts) if variant == "all" else (variant,):
         for patch in parts[name]():
             stack.enter_context(patch)
     return stack
@@ -104,8 +106,7 @@ def make_impls(backend, size, batch, members, data):
     native = __import__(f"benchmarks.native.native_ensemble_{backend}", fromlist=["make_step"])
     for name in natives:
         kwargs = {"jit_compile": name == "native_xla"} if backend == "tensorflow" else {}
-        impls[name] = native.make_step(members, in_dim, dims["dense_hidden_units"], dims["num_dense_layers"],
-                                       **kwargs)
+        impls[name] = native.make_step(members, in_dim, dims["dense_hidden_units"], dims["num_dense_layers"], **kwargs)
     return impls, first_loss
 
 
@@ -117,18 +118,24 @@ def run_backend(backend, size, batches, members, repeats, block_seconds):
     dims = get_model_dims(size)
     records = []
     for batch in batches:
-        data = _inputs(backend, batch, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"],
-                       seed=batch)
+        data = _inputs(backend, batch, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"], seed=batch)
         impls, first_loss = make_impls(backend, size, batch, members, data)
         times, count = time_side_by_side(backend, impls, data, repeats, block_seconds)
         full = times["full"]
-        records.append({
-            "backend": backend, "size": size, "batch": batch, "members": members, "repeats": repeats,
-            "steps_per_block": count, "first_loss": first_loss,
-            "step_ms": {name: statistics.median(v) * 1e3 for name, v in times.items()},
-            # The median over blocks of each block's time over the full step's in the same round.
-            "over_full": {name: statistics.median([a / b for a, b in zip(v, full)]) for name, v in times.items()},
-        })
+        records.append(
+            {
+                "backend": backend,
+                "size": size,
+                "batch": batch,
+                "members": members,
+                "repeats": repeats,
+                "steps_per_block": count,
+                "first_loss": first_loss,
+                "step_ms": {name: statistics.median(v) * 1e3 for name, v in times.items()},
+                # The median over blocks of each block's time over the full step's in the same round.
+                "over_full": {name: statistics.median([a / b for a, b in zip(v, full)]) for name, v in times.items()},
+            }
+        )
     return records
 
 
@@ -138,8 +145,7 @@ def table(records):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"),
-                        help=f"one of {BACKENDS}")
+    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"), help=f"one of {BACKENDS}")
     parser.add_argument("--size", default="XS")
     parser.add_argument("--batch", type=int, nargs="+", default=[4096])
     parser.add_argument("--members", type=int, default=1)
@@ -150,8 +156,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.backend == "all":
         parser.error(f"--backend: got 'all', expected one of {BACKENDS}")
-    dispatch(__file__, args, [], lambda: run_backend(args.backend, args.size, args.batch, args.members, args.repeats,
-                                                     args.block_seconds), table)
+    dispatch(
+        __file__,
+        args,
+        [],
+        lambda: run_backend(args.backend, args.size, args.batch, args.members, args.repeats, args.block_seconds),
+        table,
+    )
 
 
 if __name__ == "__main__":

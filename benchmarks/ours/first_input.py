@@ -37,11 +37,14 @@ def make_steps(size, batch, jit_compile, seed=0):
     (its first three calls) with `concatenates_first_input` set that way on the current backend."""
     import keras
 
-    from multicritic import CriticNetwork, CriticTrainer, backend, get_model_dims
+    from multicritic import CriticNetwork, CriticTrainer, get_model_dims
+
+    from multicritic.backend import contract as backend
 
     dims = get_model_dims(size)
-    data = _inputs(keras.backend.backend(), batch, dims["gru_units"], dims["num_z_categoricals"],
-                   dims["num_z_classes"], seed=batch)
+    data = _inputs(
+        keras.backend.backend(), batch, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"], seed=batch
+    )
     current = backend.current()
     steps, first = {}, {}
     for way in WAYS:
@@ -64,26 +67,46 @@ def run_backend(backend, size, batches, repeats, block_seconds, graph=False):
         steps, first, data = make_steps(size, batch, jit_compile=not graph)
         times, _ = time_side_by_side(backend, steps, data, repeats, block_seconds)
         split, concatenated = times["split"], times["concatenated"]
-        records.append({
-            "backend": backend, "size": size, "batch": batch, "jit_compile": not graph,
-            "split_ms": statistics.median(split) * 1e3, "concatenated_ms": statistics.median(concatenated) * 1e3,
-            "concatenated_over_split": statistics.median(c / s for c, s in zip(concatenated, split)),
-            "first_loss": first, "repeats": repeats,
-            "split_ms_all": [t * 1e3 for t in split], "concatenated_ms_all": [t * 1e3 for t in concatenated],
-        })
+        records.append(
+            {
+                "backend": backend,
+                "size": size,
+                "batch": batch,
+                "jit_compile": not graph,
+                "split_ms": statistics.median(split) * 1e3,
+                "concatenated_ms": statistics.median(concatenated) * 1e3,
+                "concatenated_over_split": statistics.median(c / s for c, s in zip(concatenated, split)),
+                "first_loss": first,
+                "repeats": repeats,
+                "split_ms_all": [t * 1e3 for t in split],
+                "concatenated_ms_all": [t * 1e3 for t in concatenated],
+            }
+        )
     return records
 
 
 def table(records):
     """The docs' table of the records, then each batch's first loss both ways."""
-    losses = [f"batch {r['batch']}: first loss {r['first_loss']['split']:.7g} split, "
-              f"{r['first_loss']['concatenated']:.7g} concatenated" for r in records]
+    losses = [
+        f"batch {r['batch']}: first loss {r['first_loss']['split']:.7g} split, "
+        f"{r['first_loss']['concatenated']:.7g} concatenated"
+        for r in records
+    ]
     return "\n".join(rendered([records]) + [""] + losses)
 
 
 def main(argv=None):
-    timed_command(__file__, __doc__, argv, run_backend, table, batches=(4096,), repeats=9, block_seconds=1.0,
-                  flags=(("graph", "TensorFlow's plain graph instead of XLA (PyTorch: its eager step)"),))
+    timed_command(
+        __file__,
+        __doc__,
+        argv,
+        run_backend,
+        table,
+        batches=(4096,),
+        repeats=9,
+        block_seconds=1.0,
+        flags=(("graph", "TensorFlow's plain graph instead of XLA (PyTorch: its eager step)"),),
+    )
 
 
 if __name__ == "__main__":

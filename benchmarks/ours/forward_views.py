@@ -119,7 +119,7 @@ def run(cases, repeats, block_seconds):
         logits_native, latent_native, hz_native = (m.to(device) for m in native_modules(critic))
         latent = torch.randn(batch, critic.latent_size, device=device)
         h = latent[:, : critic.gru_units].contiguous()
-        z = latent[:, critic.gru_units:].reshape(batch, critic.num_z_categoricals, critic.num_z_classes).contiguous()
+        z = latent[:, critic.gru_units :].reshape(batch, critic.num_z_categoricals, critic.num_z_classes).contiguous()
         fast, ema, rllib = critic.fast_module(), critic.ema_module(), critic.torch_module()
         pairs = {
             "fast_module(latent)": (lambda: fast(latent), lambda: logits_native(latent)),
@@ -132,18 +132,31 @@ def run(cases, repeats, block_seconds):
             for entry, (ours, native) in pairs.items():
                 with contextlib.nullcontext() if grad else torch.no_grad():
                     t_ours, t_native = time_pair(ours, native, repeats, block_seconds)
-                records.append({"size": size, "batch": batch, "entry": entry, "autograd": grad,
-                                "ours_us": t_ours * 1e6, "native_us": t_native * 1e6, "ratio": t_ours / t_native,
-                                "repeats": repeats})
+                records.append(
+                    {
+                        "size": size,
+                        "batch": batch,
+                        "entry": entry,
+                        "autograd": grad,
+                        "ours_us": t_ours * 1e6,
+                        "native_us": t_native * 1e6,
+                        "ratio": t_ours / t_native,
+                        "repeats": repeats,
+                    }
+                )
     return records
 
 
 def table(records):
-    lines = ["| size | batch | entry | autograd | ours µs | native µs | ours / native |",
-             "|---|---:|---|---|---:|---:|---:|"]
+    lines = [
+        "| size | batch | entry | autograd | ours µs | native µs | ours / native |",
+        "|---|---:|---|---|---:|---:|---:|",
+    ]
     for r in records:
-        lines.append(f"| {r['size']} | {r['batch']} | {r['entry']} | {'on' if r['autograd'] else 'no_grad'} | "
-                     f"{r['ours_us']:.1f} | {r['native_us']:.1f} | {r['ratio']:.2f} |")
+        lines.append(
+            f"| {r['size']} | {r['batch']} | {r['entry']} | {'on' if r['autograd'] else 'no_grad'} | "
+            f"{r['ours_us']:.1f} | {r['native_us']:.1f} | {r['ratio']:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -53,7 +53,7 @@ def variants(batch, in_dim=1280, units=256, buckets=255):
 def main(argv=None):
     from benchmarks.ours.forward_views import variants_main
 
-    variants_main(__doc__, variants, 'no guard', 'variant', argv)
+    variants_main(__doc__, variants, "no guard", "variant", argv)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,10 @@ def measure(backend, n, size, batch, steps):
     children = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER.format(root=ROOT, args=(backend, n, size, batch, steps, rank, port))],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for rank in range(procs)
     ]

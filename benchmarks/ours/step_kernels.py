@@ -44,9 +44,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, ROOT)
 
-PAIRS = {"jax": ("multicritic", "multicritic_core", "native"),
-         "tensorflow": ("multicritic", "multicritic_core", "native_xla"),
-         "torch": ("multicritic", "multicritic_core", "native_compiled")}
+PAIRS = {
+    "jax": ("multicritic", "multicritic_core", "native"),
+    "tensorflow": ("multicritic", "multicritic_core", "native_xla"),
+    "torch": ("multicritic", "multicritic_core", "native_compiled"),
+}
 # The two that `--by-source` and `--profile` set side by side.
 COMPARED = (1, 2)
 # Entry instructions that launch nothing: arguments, constants, views and tuples.
@@ -96,8 +98,10 @@ def _run_step(backend, size, batch, impl, profile_steps=0, profile_to=None):
 
 # What an inductor wrapper's `call` launches: its generated kernels (C++ on a CPU, `.run(` of Triton on a
 # GPU), library kernels and ATen fallbacks.
-_LAUNCH = re.compile(r"^\s*(?:\w+ = )?(?:(cpp_fused_\w+)\(|(triton_\w+)\.run\(|(extern_kernels\.\w+)\(|"
-                     r"(torch\.ops\.\w+\.\w+)[.(])")
+_LAUNCH = re.compile(
+    r"^\s*(?:\w+ = )?(?:(cpp_fused_\w+)\(|(triton_\w+)\.run\(|(extern_kernels\.\w+)\(|"
+    r"(torch\.ops\.\w+\.\w+)[.(])"
+)
 
 
 def inductor_launches():
@@ -149,7 +153,7 @@ def step_op_times(op_us, name):
 def _entry_instructions(hlo_text):
     """`(instruction, opcode, op_name)` of each instruction of the entry computation that launches work;
     op_name is the traced source op XLA's metadata names ("" where it names none)."""
-    entry = hlo_text[hlo_text.index("\nENTRY"):]
+    entry = hlo_text[hlo_text.index("\nENTRY") :]
     out = []
     for line in entry.splitlines():
         m = re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][\w-]*)\(", line)
@@ -217,8 +221,12 @@ def count(backend, size, batch, impl, profile_steps=0):
     """`(ops, sources, profile)` of `impl`'s step; `profile` (with `profile_steps`): `{"wall_us", "op_us":
     {source: us}, "total_us"}`, else None."""
     with tempfile.TemporaryDirectory() as folder:
-        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
-                   XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={folder} --xla_dump_hlo_as_text")
+        env = dict(
+            os.environ,
+            KERAS_BACKEND=backend,
+            TF_CPP_MIN_LOG_LEVEL="3",
+            XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={folder} --xla_dump_hlo_as_text",
+        )
         profile_to = os.path.join(folder, "profile.json")
         cmd = [sys.executable, __file__, "--child", impl, "--backend", backend, "--size", size, "--batch", str(batch)]
         if profile_steps:
@@ -238,8 +246,11 @@ def count(backend, size, batch, impl, profile_steps=0):
             with open(profile_to) as f:
                 timed = json.load(f)
             op_us = step_op_times(timed["op_us"], module_name(module))
-            profile = {"wall_us": timed["wall_us"], "total_us": sum(op_us.values()),
-                       "op_us": dict(sorted(source_times(module, op_us).items(), key=lambda kv: -kv[1]))}
+            profile = {
+                "wall_us": timed["wall_us"],
+                "total_us": sum(op_us.values()),
+                "op_us": dict(sorted(source_times(module, op_us).items(), key=lambda kv: -kv[1])),
+            }
             if "error" in timed or not op_us:
                 profile["error"] = timed.get("error", f"the trace named no instruction of {module_name(module)}")
         return entry_ops(module), entry_sources(module), profile
@@ -257,15 +268,22 @@ def ratios(records):
 
 
 def table(records):
-    lines = ["| backend | size | batch | step | launches | x native | fusions / generated | custom calls / library "
-             "| other |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| backend | size | batch | step | launches | x native | fusions / generated | custom calls / library "
+        "| other |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
     ratio = ratios(records)
     for r in records:
         ops = r["ops"]
-        fusions, calls = ops.get("fusion", 0) + ops.get("generated", 0), ops.get("custom-call", 0) + ops.get(
-            "library", 0)
-        lines.append(f"| {r['backend']} | {r['size']} | {r['batch']} | {r['impl']} | {launches(r)} | "
-                     f"{ratio[(r['batch'], r['impl'])]:.2f} | {fusions} | {calls} | {launches(r) - fusions - calls} |")
+        fusions, calls = (
+            ops.get("fusion", 0) + ops.get("generated", 0),
+            ops.get("custom-call", 0) + ops.get("library", 0),
+        )
+        lines.append(
+            f"| {r['backend']} | {r['size']} | {r['batch']} | {r['impl']} | {launches(r)} | "
+            f"{ratio[(r['batch'], r['impl'])]:.2f} | {fusions} | {calls} | {launches(r) - fusions - calls} |"
+        )
     return "\n".join(lines)
 
 
@@ -273,8 +291,7 @@ def time_table(records, rows=20):
     """Per batch: the wall and profiled time of a step, then the sources whose time differs most (ours
     minus native, the largest first), in microseconds a step."""
     names = [PAIRS[records[0]["backend"]][i] for i in COMPARED]
-    lines = ["| backend | batch | source | " + " | ".join(f"{n} us" for n in names) + " |",
-             "|---|---:|---|---:|---:|"]
+    lines = ["| backend | batch | source | " + " | ".join(f"{n} us" for n in names) + " |", "|---|---:|---|---:|---:|"]
     for batch in dict.fromkeys(r["batch"] for r in records):
         ours, native = (r["profile"] for name in names for r in records if r["batch"] == batch and r["impl"] == name)
         backend = records[0]["backend"]
@@ -296,10 +313,16 @@ def main(argv=None):
     parser.add_argument("--size", default="XS")
     parser.add_argument("--batch", type=int, nargs="+", default=[256])
     parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--by-source", action="store_true",
-                        help="also print, per batch, the source ops whose launch counts differ between the steps")
-    parser.add_argument("--profile", action="store_true",
-                        help="(JAX) also time each step's instructions under jax.profiler, summed by source")
+    parser.add_argument(
+        "--by-source",
+        action="store_true",
+        help="also print, per batch, the source ops whose launch counts differ between the steps",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="(JAX) also time each step's instructions under jax.profiler, summed by source",
+    )
     parser.add_argument("--profile-steps", type=int, default=20, help="steps profiled (and timed) per step")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", help=argparse.SUPPRESS)
@@ -315,8 +338,14 @@ def main(argv=None):
     for batch in args.batch:
         for impl in PAIRS[args.backend]:
             ops, sources, profile = count(args.backend, args.size, batch, impl, profile_steps)
-            record = {"backend": args.backend, "size": args.size, "batch": batch, "impl": impl,
-                      "ops": dict(ops.most_common()), "sources": dict(sources.most_common())}
+            record = {
+                "backend": args.backend,
+                "size": args.size,
+                "batch": batch,
+                "impl": impl,
+                "ops": dict(ops.most_common()),
+                "sources": dict(sources.most_common()),
+            }
             if profile is not None:
                 record["profile"] = profile
             records.append(record)

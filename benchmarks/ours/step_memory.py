@@ -73,9 +73,11 @@ def run_backend(backend, size, batches):
     records = []
     for batch in batches:
         for impl in ("multicritic", "native"):
-            code = (f"import sys; sys.path.insert(0, {ROOT!r}); "
-                    "from benchmarks.ours.step_memory import measure; "
-                    f"print(measure({backend!r}, {impl!r}, {size!r}, {batch}))")
+            code = (
+                f"import sys; sys.path.insert(0, {ROOT!r}); "
+                "from benchmarks.ours.step_memory import measure; "
+                f"print(measure({backend!r}, {impl!r}, {size!r}, {batch}))"
+            )
             # TensorFlow keeps freed CPU memory out of reach of `malloc_trim`; its BFC allocator counts a peak.
             env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", TF_CPU_ALLOCATOR_USE_BFC="true")
             out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
@@ -91,8 +93,10 @@ def table(records):
     rows = {}
     for r in records:
         rows.setdefault((r["backend"], r["size"], r["batch"]), {})[r["impl"]] = r["step_mib"]
-    lines = ["| backend | size | batch | multicritic MiB | native MiB | ratio (ours / native) |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| backend | size | batch | multicritic MiB | native MiB | ratio (ours / native) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for (backend, size, batch), pair in sorted(rows.items()):
         ours, theirs = pair["multicritic"], pair["native"]
         lines.append(f"| {backend} | {size} | {batch} | {ours:.1f} | {theirs:.1f} | {ours / max(theirs, 1e-9):.2f} |")

@@ -33,13 +33,25 @@ from benchmarks.render_tables import targets as rendered  # noqa: E402
 
 
 def _step(backend, batch, bound, natives=("native",)):
-    return {"benchmark": "train_step", "backend": backend, "batch": batch, "ours": "multicritic",
-            "natives": natives, "bound": bound}
+    return {
+        "benchmark": "train_step",
+        "backend": backend,
+        "batch": batch,
+        "ours": "multicritic",
+        "natives": natives,
+        "bound": bound,
+    }
 
 
 def _ensemble(backend, batch, natives=("native",)):
-    return {"benchmark": "ensemble", "backend": backend, "batch": batch, "ours": "ensemble", "natives": natives,
-            "bound": 1.05}
+    return {
+        "benchmark": "ensemble",
+        "backend": backend,
+        "batch": batch,
+        "ours": "ensemble",
+        "natives": natives,
+        "bound": 1.05,
+    }
 
 
 # name: what is timed and the bound its ratio must meet.
@@ -47,17 +59,35 @@ TARGETS = {
     "torch-8": _step("torch", 8, 0.85),
     **{f"torch-{b}": _step("torch", b, 1.0) for b in (256, 4096, 15360)},
     "torch-compiled-4096": _step("torch", 4096, 0.95, ("native_compiled",)),
-    **{f"{backend}-{b}": _step(backend, b, 0.95, natives) for backend, natives in
-       (("tensorflow", ("native", "native_xla")), ("jax", ("native",))) for b in (256, 4096, 15360)},
-    **{f"{backend}-ensemble-{b}": _ensemble(backend, b, natives) for backend, natives in
-       (("tensorflow", ("native", "native_xla")), ("torch", ("native",)), ("jax", ("native",))) for b in (256, 4096)},
+    **{
+        f"{backend}-{b}": _step(backend, b, 0.95, natives)
+        for backend, natives in (("tensorflow", ("native", "native_xla")), ("jax", ("native",)))
+        for b in (256, 4096, 15360)
+    },
+    **{
+        f"{backend}-ensemble-{b}": _ensemble(backend, b, natives)
+        for backend, natives in (("tensorflow", ("native", "native_xla")), ("torch", ("native",)), ("jax", ("native",)))
+        for b in (256, 4096)
+    },
 }
 
 
 def _command(benchmark, backend, batches, natives, options, json_path):
     script = os.path.join(HERE, f"{benchmark}.py")
-    cmd = [sys.executable, script, "--backend", backend, "--batch", *map(str, batches), "--size", options["size"],
-           "--repeats", str(options["repeats"]), "--json", json_path]
+    cmd = [
+        sys.executable,
+        script,
+        "--backend",
+        backend,
+        "--batch",
+        *map(str, batches),
+        "--size",
+        options["size"],
+        "--repeats",
+        str(options["repeats"]),
+        "--json",
+        json_path,
+    ]
     if options["block_seconds"] is not None:
         cmd += ["--block-seconds", str(options["block_seconds"])]
     if benchmark == "train_step":
@@ -85,14 +115,25 @@ def run(names, rounds, repeats, size="XS", block_seconds=None):
         groups.setdefault(key, {"batches": [], "natives": set()})
         groups[key]["batches"].append(t["batch"])
         groups[key]["natives"].update(t["natives"])
-    results = {name: {"target": name, **TARGETS[name], "natives": list(TARGETS[name]["natives"]), "ratios": [],
-                      "ours_ms": [], "native_ms": [], "native_impl": []} for name in names}
+    results = {
+        name: {
+            "target": name,
+            **TARGETS[name],
+            "natives": list(TARGETS[name]["natives"]),
+            "ratios": [],
+            "ours_ms": [],
+            "native_ms": [],
+            "native_impl": [],
+        }
+        for name in names
+    }
     for r in range(rounds):
         for (benchmark, backend), group in groups.items():
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "out.json")
-                cmd = _command(benchmark, backend, sorted(set(group["batches"])), sorted(group["natives"]), options,
-                               path)
+                cmd = _command(
+                    benchmark, backend, sorted(set(group["batches"])), sorted(group["natives"]), options, path
+                )
                 env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
                 if out.returncode != 0:
@@ -121,8 +162,13 @@ def run(names, rounds, repeats, size="XS", block_seconds=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=sorted(TARGETS), metavar="TARGET",
-                        help=f"a subset of the targets: {', '.join(TARGETS)}")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(TARGETS),
+        metavar="TARGET",
+        help=f"a subset of the targets: {', '.join(TARGETS)}",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=7, help="timed blocks of each implementation per round")
     parser.add_argument("--size", default="XS", help="the critic's model size (the targets are set at XS)")
@@ -133,8 +179,15 @@ def main(argv=None):
         parser.error(f"--rounds and --repeats: got {args.rounds} and {args.repeats}, expected at least 1 each")
     names = args.only or list(TARGETS)
     results = run(names, args.rounds, args.repeats, args.size, args.block_seconds)
-    command = ["python benchmarks/ours/targets.py", "--only", *names, "--rounds", str(args.rounds),
-               "--repeats", str(args.repeats)]
+    command = [
+        "python benchmarks/ours/targets.py",
+        "--only",
+        *names,
+        "--rounds",
+        str(args.rounds),
+        "--repeats",
+        str(args.repeats),
+    ]
     command += [] if args.size == "XS" else ["--size", args.size]
     command += [] if args.block_seconds is None else ["--block-seconds", str(args.block_seconds)]
     data = {"command": " ".join(command), "targets": list(results.values())}

@@ -114,8 +114,6 @@ def _time_block(backend, step, data, count):
     return (time.perf_counter() - start) / count
 
 
-
-
 def host_seconds(backend, step, data, calls=11):
     """Median seconds until a call returns, the device idle before each: the host's share of a step (all of
     it when the step runs synchronously; on an accelerator, a step slower than this is bound by the device)."""
@@ -142,8 +140,11 @@ def time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=F
             first[name] = _time_block(backend, step, data, 1)
             _time_block(backend, step, data, 2)
             per_step[name] = _time_block(backend, step, data, 2)
-            print(f"{name}: first call {first[name]:.1f} s, then {per_step[name] * 1e3:.2f} ms a step",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{name}: first call {first[name]:.1f} s, then {per_step[name] * 1e3:.2f} ms a step",
+                file=sys.stderr,
+                flush=True,
+            )
         except Exception:
             if not KEEP_GOING:
                 raise
@@ -157,6 +158,7 @@ def time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=F
         for name in order:
             times[name].append(_time_block(backend, impls[name], data, count))
     return (times, count, first) if first_call else (times, count)
+
 
 # `--sweep`: step time against the batch (at XS) and against the model size (at batch 1024).
 SWEEP_BATCHES = (64, 256, 1024, 4096, 16384)
@@ -175,8 +177,15 @@ def cases(sizes, batches, sweep):
 # (the first calls' eager / plain-graph step), next to the native step eager and compiled as a good engineer
 # of that framework would write it.
 IMPLS = {
-    "torch": ("multicritic", "multicritic_core", "multicritic_eager", "native", "native_compiled",
-              "native_cudagraphs", "native_cuda_graph"),
+    "torch": (
+        "multicritic",
+        "multicritic_core",
+        "multicritic_eager",
+        "native",
+        "native_compiled",
+        "native_cudagraphs",
+        "native_cuda_graph",
+    ),
     "tensorflow": ("multicritic", "multicritic_core", "multicritic_graph", "native", "native_xla"),
     "jax": ("multicritic", "multicritic_core", "native"),
 }
@@ -209,16 +218,18 @@ def make_impls(backend, size, batch, wanted, precision="float32"):
         elif name == "native_cuda_graph":
             compiled = "cuda_graph"
         else:
-            compiled = name.endswith(("_compiled", "_xla")) or (name in ("multicritic", "multicritic_core")
-                                                                and backend != "jax")
+            compiled = name.endswith(("_compiled", "_xla")) or (
+                name in ("multicritic", "multicritic_core") and backend != "jax"
+            )
         if name.startswith("multicritic"):
             keras.utils.set_random_seed(0)
             # "multicritic_core": the same step returning only what the native steps return (`metrics="core"`).
             metrics = "core" if name == "multicritic_core" else "all"
             keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
             try:
-                impls[name] = CriticTrainer(CriticNetwork(model_size=size), jit_compile=compiled,
-                                            metrics=metrics).train_step
+                impls[name] = CriticTrainer(
+                    CriticNetwork(model_size=size), jit_compile=compiled, metrics=metrics
+                ).train_step
             finally:
                 keras.config.set_dtype_policy("float32")
         else:
@@ -233,8 +244,9 @@ def make_impls(backend, size, batch, wanted, precision="float32"):
     return impls, (in_dim, units, layers)
 
 
-def run_backend(backend, pairs, repeats, block_seconds, wanted=None, precision="float32", min_steps=1,
-                device_profile=False):
+def run_backend(
+    backend, pairs, repeats, block_seconds, wanted=None, precision="float32", min_steps=1, device_profile=False
+):
     native = __import__(f"benchmarks.native.native_{backend}", fromlist=["make_step"])  # noqa: F841 (fails early)
     wanted = [n for n in IMPLS[backend] if (n in wanted if wanted else n not in ON_REQUEST)]
     peak = _matmul_peak(backend)
@@ -245,8 +257,9 @@ def run_backend(backend, pairs, repeats, block_seconds, wanted=None, precision="
 
         dims = get_model_dims(size)
         data = _inputs(backend, batch, dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"], seed=batch)
-        times, count, first = time_side_by_side(backend, impls, data, repeats, block_seconds, first_call=True,
-                                                min_steps=min_steps)
+        times, count, first = time_side_by_side(
+            backend, impls, data, repeats, block_seconds, first_call=True, min_steps=min_steps
+        )
         host = {name: host_seconds(backend, impls[name], data) for name in times}
         device = {}
         if device_profile:
@@ -334,16 +347,34 @@ def timed_command(script, doc, argv, run_backend, table, batches, repeats, block
         parser.add_argument(f"--{name}", action="store_true", help=text)
     args = parser.parse_args(argv)
     switches = {name: getattr(args, name) for name, _ in flags}
-    child = ["--size", args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-             "--batch", *map(str, args.batch)] + [f"--{name}" for name, on in switches.items() if on]
-    dispatch(script, args, child,
-             lambda: run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds, **switches),
-             table)
+    child = [
+        "--size",
+        args.size,
+        "--repeats",
+        str(args.repeats),
+        "--block-seconds",
+        str(args.block_seconds),
+        "--batch",
+        *map(str, args.batch),
+    ] + [f"--{name}" for name, on in switches.items() if on]
+    dispatch(
+        script,
+        args,
+        child,
+        lambda: run_backend(args.backend, args.size, args.batch, args.repeats, args.block_seconds, **switches),
+        table,
+    )
 
 
 # Each row's ratios: native time / ours (above 1: ours is faster), for these pairs where both were timed.
-RATIOS = (("native", "multicritic"), ("native_compiled", "multicritic"), ("native_cudagraphs", "multicritic"),
-          ("native", "multicritic_eager"), ("native_xla", "multicritic"), ("native", "multicritic_graph"))
+RATIOS = (
+    ("native", "multicritic"),
+    ("native_compiled", "multicritic"),
+    ("native_cudagraphs", "multicritic"),
+    ("native", "multicritic_eager"),
+    ("native_xla", "multicritic"),
+    ("native", "multicritic_graph"),
+)
 
 
 def table(records):
@@ -352,17 +383,21 @@ def table(records):
     for r in records:
         if r["impl"] != "matmul_peak":
             rows.setdefault((r["backend"], r["size"], r["batch"]), {})[r["impl"]] = r
-    lines = ["| backend | size | batch | step ms (first call s) | native / ours | multicritic util | "
-             "matmul peak GFLOP/s |",
-             "|---|---|---:|---|---|---:|---:|"]
+    lines = [
+        "| backend | size | batch | step ms (first call s) | native / ours | multicritic util | matmul peak GFLOP/s |",
+        "|---|---|---:|---|---|---:|---:|",
+    ]
     for (backend, size, batch), impls in sorted(rows.items()):
-        times = ", ".join(f"{n} {r['step_ms']:.2f} ({r.get('first_call_s', float('nan')):.1f})"
-                          for n, r in impls.items())
-        ratios = ", ".join(f"{a}/{b} {impls[a]['step_ms'] / impls[b]['step_ms']:.3f}" for a, b in RATIOS
-                           if a in impls and b in impls)
+        times = ", ".join(
+            f"{n} {r['step_ms']:.2f} ({r.get('first_call_s', float('nan')):.1f})" for n, r in impls.items()
+        )
+        ratios = ", ".join(
+            f"{a}/{b} {impls[a]['step_ms'] / impls[b]['step_ms']:.3f}" for a, b in RATIOS if a in impls and b in impls
+        )
         util = impls["multicritic"]["utilization"] if "multicritic" in impls else float("nan")
-        lines.append(f"| {backend} | {size} | {batch} | {times} | {ratios} | {100 * util:.1f}% | "
-                     f"{peaks[backend]:.0f} |")
+        lines.append(
+            f"| {backend} | {size} | {batch} | {times} | {ratios} | {100 * util:.1f}% | {peaks[backend]:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -371,29 +406,63 @@ def main(argv=None):
     parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "all"), help=f"one of {BACKENDS} or all")
     parser.add_argument("--size", nargs="+", default=["XS"])
     parser.add_argument("--batch", type=int, nargs="+", default=[256, 4096, 15360])
-    parser.add_argument("--sweep", action="store_true",
-                        help=f"batches {SWEEP_BATCHES} at XS and sizes {SWEEP_SIZES} at batch 1024 instead")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help=f"batches {SWEEP_BATCHES} at XS and sizes {SWEEP_SIZES} at batch 1024 instead",
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block-seconds", type=float, default=1.0, help="length of one timed block")
     parser.add_argument("--impls", nargs="+", help="a subset of the backend's implementations (see IMPLS)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="float32",
-                        help="bfloat16: ours under mixed_bfloat16, the native steps' bfloat16 matmuls")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="float32",
+        help="bfloat16: ours under mixed_bfloat16, the native steps' bfloat16 matmuls",
+    )
     parser.add_argument("--min-block-steps", type=int, default=1, help="steps a timed block runs at least")
-    parser.add_argument("--device-profile", action="store_true",
-                        help="also profile each step on the GPU: kernels a step and busy time a step")
+    parser.add_argument(
+        "--device-profile",
+        action="store_true",
+        help="also profile each step on the GPU: kernels a step and busy time a step",
+    )
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    child = ["--size", *args.size, "--repeats", str(args.repeats), "--block-seconds", str(args.block_seconds),
-             "--batch", *map(str, args.batch), "--precision", args.precision, "--min-block-steps",
-             str(args.min_block_steps)] + (["--impls", *args.impls] if args.impls else [])
+    child = [
+        "--size",
+        *args.size,
+        "--repeats",
+        str(args.repeats),
+        "--block-seconds",
+        str(args.block_seconds),
+        "--batch",
+        *map(str, args.batch),
+        "--precision",
+        args.precision,
+        "--min-block-steps",
+        str(args.min_block_steps),
+    ] + (["--impls", *args.impls] if args.impls else [])
     child += ["--sweep"] if args.sweep else []
     child += ["--device-profile"] if args.device_profile else []
     pairs = cases(args.size, args.batch, args.sweep)
-    dispatch(__file__, args, child, lambda: run_backend(args.backend, pairs, args.repeats, args.block_seconds,
-                                                         args.impls, args.precision, args.min_block_steps,
-                                                         args.device_profile), table)
+    dispatch(
+        __file__,
+        args,
+        child,
+        lambda: run_backend(
+            args.backend,
+            pairs,
+            args.repeats,
+            args.block_seconds,
+            args.impls,
+            args.precision,
+            args.min_block_steps,
+            args.device_profile,
+        ),
+        table,
+    )
 
 
 if __name__ == "__main__":

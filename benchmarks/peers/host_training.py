@@ -44,17 +44,27 @@ sys.path.insert(0, ROOT)
 
 
 # What a host's DreamerV3 run has imported before a swap imports Keras and multicritic.
-HOST_IMPORTS = {"sheeprl": "sheeprl.cli, sheeprl.algos.dreamer_v3.dreamer_v3",
-                "rllib": "ray.rllib.algorithms.dreamerv3, ray.rllib.algorithms.dreamerv3.torch.dreamerv3_torch_learner"}
+HOST_IMPORTS = {
+    "sheeprl": "sheeprl.cli, sheeprl.algos.dreamer_v3.dreamer_v3",
+    "rllib": "ray.rllib.algorithms.dreamerv3, ray.rllib.algorithms.dreamerv3.torch.dreamerv3_torch_learner",
+}
 
 
 def import_seconds(host: str = "sheeprl") -> float:
     """Seconds a fresh interpreter takes to import Keras and multicritic on top of what the host's DreamerV3
     run has imported already (and with it PyTorch and, for sheeprl, Lightning and dynamo)."""
-    code = (f"import {HOST_IMPORTS[host]}, time; t = time.perf_counter(); "
-            "import keras, multicritic.interop; print(time.perf_counter() - t)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
-                         env={**os.environ, "KERAS_BACKEND": "torch"})
+    code = (
+        f"import {HOST_IMPORTS[host]}, time; t = time.perf_counter(); "
+        "import keras, multicritic.interop; print(time.perf_counter() - t)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "KERAS_BACKEND": "torch"},
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -66,24 +76,34 @@ def rllib_run(swap: bool, iterations: int) -> float:
     from ray.rllib.algorithms.dreamerv3 import DreamerV3Config, dreamerv3_rl_module
 
     from multicritic.interop.rllib import rllib_torch_critic, rllib_torch_module
-    from multicritic.sizes import get_model_dims
+    from multicritic.model.sizes import get_model_dims
 
     stock = dreamerv3_rl_module.CriticNetwork
 
     def swapped(**kwargs):
         theirs = stock(**kwargs)
         dims = get_model_dims(kwargs["model_size"])
-        return rllib_torch_module(rllib_torch_critic(
-            theirs.state_dict(), gru_units=dims["gru_units"], num_z_categoricals=dims["num_z_categoricals"],
-            num_z_classes=dims["num_z_classes"]))
+        return rllib_torch_module(
+            rllib_torch_critic(
+                theirs.state_dict(),
+                gru_units=dims["gru_units"],
+                num_z_categoricals=dims["num_z_categoricals"],
+                num_z_classes=dims["num_z_classes"],
+            )
+        )
 
     start = time.perf_counter()
     if swap:
         dreamerv3_rl_module.CriticNetwork = swapped
     try:
-        config = (DreamerV3Config().environment("CartPole-v1")
-                  .training(model_size="nano", training_ratio=64, batch_size_B=4, batch_length_T=16, horizon_H=5)
-                  .env_runners(num_env_runners=0).learners(num_learners=0).debugging(seed=0))
+        config = (
+            DreamerV3Config()
+            .environment("CartPole-v1")
+            .training(model_size="nano", training_ratio=64, batch_size_B=4, batch_length_T=16, horizon_H=5)
+            .env_runners(num_env_runners=0)
+            .learners(num_learners=0)
+            .debugging(seed=0)
+        )
         algo = config.build_algo()
     finally:
         dreamerv3_rl_module.CriticNetwork = stock
@@ -127,17 +147,27 @@ def main(argv=None):
     run(True)
     times = {"stock": [], "swap": []}
     for r in range(args.repeats):
-        for name in (("stock", "swap") if r % 2 == 0 else ("swap", "stock")):
+        for name in ("stock", "swap") if r % 2 == 0 else ("swap", "stock"):
             start = time.perf_counter()
             seconds = run(name == "swap")
             # sheeprl: the whole CLI run; RLlib: the run's own measure (without the teardown's timer wait).
             times[name].append(seconds if args.host == "rllib" else time.perf_counter() - start)
     stock, swap = statistics.median(times["stock"]), statistics.median(times["swap"])
-    record = {"host": host, **size, "repeats": args.repeats, "stock_s": stock, "swap_s": swap,
-              "swap_over_stock": swap / stock, "stock_s_all": times["stock"], "swap_s_all": times["swap"],
-              "keras_import_s": import_seconds(args.host)}
-    print(f"{host}: stock {stock:.2f} s, swap {swap:.2f} s, swap / stock {swap / stock:.3f}; "
-          f"importing Keras + multicritic {record['keras_import_s']:.2f} s")
+    record = {
+        "host": host,
+        **size,
+        "repeats": args.repeats,
+        "stock_s": stock,
+        "swap_s": swap,
+        "swap_over_stock": swap / stock,
+        "stock_s_all": times["stock"],
+        "swap_s_all": times["swap"],
+        "keras_import_s": import_seconds(args.host),
+    }
+    print(
+        f"{host}: stock {stock:.2f} s, swap {swap:.2f} s, swap / stock {swap / stock:.3f}; "
+        f"importing Keras + multicritic {record['keras_import_s']:.2f} s"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump([record], f, indent=1)

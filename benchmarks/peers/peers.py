@@ -66,7 +66,7 @@ versions; nothing outside the critic update, e.g. imagination or lambda-returns,
   1317-1398: fast forward, slow forward under no_grad, two-hot CE of the targets and of the decoded slow
   value, weighted mean) on a TensorDict {belief, state, lambda_target, discount_weight} of batch [T, B];
   ``optimizer.zero_grad(set_to_none=False)``, backward, ``optimizer.step()``, ``SoftUpdate.step()``.
-  multicritic: torchrl.CRITIC_OPTIONS (2024 architecture), ``multicritic.optimizers.official_optimizer()``
+  multicritic: torchrl.CRITIC_OPTIONS (2024 architecture), ``multicritic.training.optimizers.official_optimizer()``
   (the same AGC/LaProp/warm-up), grad_clip=None, EMA decay 0.98.
 
 multicritic's step on every row: ``CriticTrainer.train_step(h, z, targets, weights)``
@@ -96,8 +96,12 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 PEERS = ("sheeprl", "sheeprl_compiled", "rllib", "torchrl")
-PEER_MODULES = {"sheeprl": "sheeprl", "sheeprl_compiled": "sheeprl", "rllib": "ray.rllib.algorithms.dreamerv3.torch",
-                "torchrl": "torchrl"}
+PEER_MODULES = {
+    "sheeprl": "sheeprl",
+    "sheeprl_compiled": "sheeprl",
+    "rllib": "ray.rllib.algorithms.dreamerv3.torch",
+    "torchrl": "torchrl",
+}
 HORIZON = 15  # the default imagination horizon of all peers (sheeprl algo.horizon, RLlib horizon_H, official)
 BINS = 255
 TAU = 0.02  # every peer's slow-critic rate (multicritic: ema_decay = 1 - TAU)
@@ -138,7 +142,7 @@ def interleave(blocks, repeats, block_seconds):
     count = max(1, int(block_seconds / max(per_step.values())))
     times = {name: [] for name in blocks}
     for r in range(repeats):
-        for name in (list(blocks) if r % 2 == 0 else list(blocks)[::-1]):
+        for name in list(blocks) if r % 2 == 0 else list(blocks)[::-1]:
             times[name].append(blocks[name](count))
     return times, count
 
@@ -168,7 +172,7 @@ def multicritic_settings(peer):
         CRITIC_OPTIONS = importlib.import_module(f"multicritic.interop.{peer.removesuffix('_compiled')}").CRITIC_OPTIONS
     critic = dict(CRITIC_OPTIONS, num_buckets=BINS, ema_decay=1.0 - TAU)
     if peer in ("torchrl", "dreamerv3"):  # AGC + LaProp with warm-up, no global clip
-        from multicritic.optimizers import official_optimizer
+        from multicritic.training.optimizers import official_optimizer
 
         trainer = dict(optimizer=official_optimizer(), grad_clip=None)
     else:  # Adam 3e-5 (eps 1e-5), global-norm clip 100: RLlib's and sheeprl's configs
@@ -209,12 +213,22 @@ def make_sheeprl(dims, arrays, compile_loss=False):
     gru, units, layers = dims["gru_units"], dims["dense_hidden_units"], dims["num_dense_layers"]
     cats, classes = dims["num_z_categoricals"], dims["num_z_classes"]
     overrides = [
-        "exp=dreamer_v3", "env=dummy", "algo=dreamer_v3_XS", "fabric.accelerator=cpu", "fabric.devices=1",
-        "env.num_envs=1", "env.capture_video=False", "algo.cnn_keys.encoder=[]", "algo.cnn_keys.decoder=[]",
-        "algo.mlp_keys.encoder=[state]", "algo.mlp_keys.decoder=[state]",
-        f"algo.dense_units={units}", f"algo.mlp_layers={layers}",
+        "exp=dreamer_v3",
+        "env=dummy",
+        "algo=dreamer_v3_XS",
+        "fabric.accelerator=cpu",
+        "fabric.devices=1",
+        "env.num_envs=1",
+        "env.capture_video=False",
+        "algo.cnn_keys.encoder=[]",
+        "algo.cnn_keys.decoder=[]",
+        "algo.mlp_keys.encoder=[state]",
+        "algo.mlp_keys.decoder=[state]",
+        f"algo.dense_units={units}",
+        f"algo.mlp_layers={layers}",
         f"algo.world_model.recurrent_model.recurrent_state_size={gru}",
-        f"algo.world_model.stochastic_size={cats}", f"algo.world_model.discrete_size={classes}",
+        f"algo.world_model.stochastic_size={cats}",
+        f"algo.world_model.discrete_size={classes}",
         f"algo.compile.enabled={compile_loss}",
     ]
     with initialize_config_module(version_base="1.3", config_module="sheeprl.configs"):
@@ -224,8 +238,9 @@ def make_sheeprl(dims, arrays, compile_loss=False):
     obs_space = gym.spaces.Dict({"state": gym.spaces.Box(-20, 20, (10,), np.float32)})
     torch.manual_seed(0)
     _, _, critic, target_critic, _ = build_agent(fabric, (2,), False, cfg, obs_space)
-    critic_optimizer = hydra.utils.instantiate(cfg.algo.critic.optimizer, params=critic.parameters(),
-                                               _convert_="all")  # dreamer_v3.py:646
+    critic_optimizer = hydra.utils.instantiate(
+        cfg.algo.critic.optimizer, params=critic.parameters(), _convert_="all"
+    )  # dreamer_v3.py:646
     critic_optimizer = fabric.setup_optimizers(critic_optimizer)  # dreamer_v3.py:651
 
     h, z, targets, weights = arrays
@@ -247,10 +262,12 @@ def make_sheeprl(dims, arrays, compile_loss=False):
         return value_loss.detach()
 
     opt = cfg.algo.critic.optimizer
-    note = (f"build_agent critic + target (MLP {layers}x{units}, in z|h {cats * classes}+{gru}); "
-            f"{opt['_target_'].split('.')[-1]} lr {opt['lr']} eps {opt['eps']} fused={opt.get('fused')}; "
-            f"clip {cfg.algo.critic.clip_gradients}; tau {tau}"
-            + (f"; algo.compile (torch.compile of critic_loss, mode {cfg.algo.compile.mode})" if compile_loss else ""))
+    note = (
+        f"build_agent critic + target (MLP {layers}x{units}, in z|h {cats * classes}+{gru}); "
+        f"{opt['_target_'].split('.')[-1]} lr {opt['lr']} eps {opt['eps']} fused={opt.get('fused')}; "
+        f"clip {cfg.algo.critic.clip_gradients}; tau {tau}"
+        + (f"; algo.compile (torch.compile of critic_loss, mode {cfg.algo.compile.mode})" if compile_loss else "")
+    )
     return step, (t + 1, b), note
 
 
@@ -280,8 +297,9 @@ def make_rllib(dims, arrays, size):
         critic = CriticNetwork(input_size=in_size, model_size=size)
         note = f'CriticNetwork(input_size={in_size}, model_size="{size}") ({layers}x{units})'
     else:  # RLlib's own MLP with its overrides (mlp.py:59-62), as tests/interop/upstream.py does
-        base = next(s for s in ("nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL")
-                    if get_dense_hidden_units(s) == units)
+        base = next(
+            s for s in ("nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL") if get_dense_hidden_units(s) == units
+        )
         critic = CriticNetwork(input_size=in_size, model_size=base)
         critic.mlp = MLP(input_size=in_size, model_size=base, num_dense_layers=layers, dense_hidden_units=units)
         critic.mlp_ema = MLP(input_size=in_size, model_size=base, num_dense_layers=layers, dense_hidden_units=units)
@@ -303,8 +321,9 @@ def make_rllib(dims, arrays, size):
     rewards = torch.zeros(t + 1, b)
     loss_weights = torch.as_tensor(np.concatenate([weights.reshape(t, b), np.ones((1, b), np.float32)], 0))
     value_targets = torch.as_tensor(targets.reshape(t, b))
-    stub = types.SimpleNamespace(_device=torch.device("cpu"),
-                                 metrics=types.SimpleNamespace(log_dict=lambda *a, **k: None))
+    stub = types.SimpleNamespace(
+        _device=torch.device("cpu"), metrics=types.SimpleNamespace(log_dict=lambda *a, **k: None)
+    )
 
     def step():
         _, logits = critic(h=h_t, z=z_t, use_ema=False, return_logits=True)  # dreamer_model.py:298-303
@@ -317,8 +336,12 @@ def make_rllib(dims, arrays, size):
             "dream_loss_weights_t0_to_H_BxT": loss_weights,
         }
         loss = DreamerV3TorchLearner._compute_critic_loss(
-            stub, module_id="default_policy", config=config, dream_data=dream_data,
-            value_targets_t0_to_Hm1_BxT=value_targets)
+            stub,
+            module_id="default_policy",
+            config=config,
+            dream_data=dream_data,
+            value_targets_t0_to_Hm1_BxT=value_targets,
+        )
         optim.zero_grad(set_to_none=True)  # dreamerv3_torch_learner.py:166-169
         loss.backward()
         grads = {i: p.grad for i, p in enumerate(fast)}
@@ -331,8 +354,10 @@ def make_rllib(dims, arrays, size):
         critic.update_ema()  # dreamerv3_learner.py:31
         return loss.detach()
 
-    note += (f"; Adam lr {config.critic_lr} eps 1e-5; clip {config.critic_grad_clip_by_global_norm}; "
-             f"ema decay {critic.ema_decay}")
+    note += (
+        f"; Adam lr {config.critic_lr} eps 1e-5; clip {config.critic_grad_clip_by_global_norm}; "
+        f"ema decay {critic.ema_decay}"
+    )
     return step, (t + 1, b), note
 
 
@@ -355,23 +380,39 @@ def make_torchrl(dims, arrays):
 
     gru, units, layers = dims["gru_units"], dims["dense_hidden_units"], dims["num_dense_layers"]
     cats, classes = dims["num_z_categoricals"], dims["num_z_classes"]
-    cfg = OmegaConf.create({"networks": {
-        "num_categoricals": cats, "num_classes": classes, "rnn_hidden_dim": gru, "num_value_bins": BINS,
-        "value_layers": layers, "hidden_dim": units, "norm_eps": 1e-4}})
+    cfg = OmegaConf.create(
+        {
+            "networks": {
+                "num_categoricals": cats,
+                "num_classes": classes,
+                "rnn_hidden_dim": gru,
+                "num_value_bins": BINS,
+                "value_layers": layers,
+                "hidden_dim": units,
+                "norm_eps": 1e-4,
+            }
+        }
+    )
     torch.manual_seed(0)
     value_model = dreamer_v3_agent.build_value(cfg=cfg)
-    value_loss = DreamerV3ValueLoss(value_model, value_loss="two_hot", num_value_bins=BINS,
-                                    slow_critic_regularization=1.0)
+    value_loss = DreamerV3ValueLoss(
+        value_model, value_loss="two_hot", num_value_bins=BINS, slow_critic_regularization=1.0
+    )
     updater = SoftUpdate(value_loss, tau=TAU)
     optimizer = DreamerV3Optimizer(list(value_loss.parameters()))
 
     h, z, targets, weights = arrays
     n = h.shape[0]
     t, b = horizon_split(n)
-    data = TensorDict({"belief": torch.as_tensor(h.reshape(t, b, gru)),
-                       "state": torch.as_tensor(z.reshape(t, b, cats * classes)),
-                       "lambda_target": torch.as_tensor(targets.reshape(t, b, 1)),
-                       "discount_weight": torch.as_tensor(weights.reshape(t, b, 1))}, batch_size=[t, b])
+    data = TensorDict(
+        {
+            "belief": torch.as_tensor(h.reshape(t, b, gru)),
+            "state": torch.as_tensor(z.reshape(t, b, cats * classes)),
+            "lambda_target": torch.as_tensor(targets.reshape(t, b, 1)),
+            "discount_weight": torch.as_tensor(weights.reshape(t, b, 1)),
+        },
+        batch_size=[t, b],
+    )
 
     def step():
         losses, _ = value_loss(data)  # trainers/algorithms/dreamer_v3.py:363-378
@@ -383,9 +424,11 @@ def make_torchrl(dims, arrays):
         return total.detach()
 
     group = optimizer.param_groups[0]
-    note = (f"build_value (DreamerV3MLP {layers}x{units}, in h|z {gru}+{cats * classes}); DreamerV3Optimizer "
-            f"lr {group['lr']} agc {group['agc']} eps {group['eps']} warmup {group['warmup_steps']}; "
-            f"SoftUpdate tau {TAU}")
+    note = (
+        f"build_value (DreamerV3MLP {layers}x{units}, in h|z {gru}+{cats * classes}); DreamerV3Optimizer "
+        f"lr {group['lr']} agc {group['agc']} eps {group['eps']} warmup {group['warmup_steps']}; "
+        f"SoftUpdate tau {TAU}"
+    )
     return step, (t, b), note
 
 
@@ -435,13 +478,21 @@ def run(size, batches, repeats, block_seconds, jit, peers):
             times, count = interleave(blocks, repeats, block_seconds)
             ms = {name: statistics.median(values) * 1e3 for name, values in times.items()}
             record = {
-                "peer": peer, "backend": "torch", "size": size, "dims": dims, "batch": batch,
-                "layout": list(layout), "constructor": note,
-                "peer_ms": ms[peer], "multicritic_ms": ms["multicritic"],
+                "peer": peer,
+                "backend": "torch",
+                "size": size,
+                "dims": dims,
+                "batch": batch,
+                "layout": list(layout),
+                "constructor": note,
+                "peer_ms": ms[peer],
+                "multicritic_ms": ms["multicritic"],
                 "ratio": ms[peer] / ms["multicritic"],
                 "peer_samples": [v * 1e3 for v in times[peer]],
                 "multicritic_samples": [v * 1e3 for v in times["multicritic"]],
-                "repeats": repeats, "steps_per_block": count, "threads": _threads(),
+                "repeats": repeats,
+                "steps_per_block": count,
+                "threads": _threads(),
             }
             if jit:
                 record.update(multicritic_jit_ms=ms["multicritic_jit"], ratio_jit=ms[peer] / ms["multicritic_jit"])
@@ -460,8 +511,10 @@ def table(records):
         rule += "---:|---:|"
     lines = [head, rule]
     for r in rows:
-        line = (f"| {r['peer']} | {r['batch']} | {r['layout'][0]} x {r['layout'][1]} | {r['peer_ms']:.3f} | "
-                f"{r['multicritic_ms']:.3f} | {r['ratio']:.2f} |")
+        line = (
+            f"| {r['peer']} | {r['batch']} | {r['layout'][0]} x {r['layout'][1]} | {r['peer_ms']:.3f} | "
+            f"{r['multicritic_ms']:.3f} | {r['ratio']:.2f} |"
+        )
         if jit:
             line += f" {r['multicritic_jit_ms']:.3f} | {r['ratio_jit']:.2f} |" if "ratio_jit" in r else " | |"
         lines.append(line)
@@ -473,9 +526,11 @@ def table(records):
     lines += [f"- {r['peer']}: skipped ({r['skipped']})" for r in records if "skipped" in r]
     if rows:
         d = rows[0]["dims"]
-        lines.append(f"- size {rows[0]['size']}: h {d['gru_units']}, z {d['num_z_categoricals']}x"
-                     f"{d['num_z_classes']}, {d['num_dense_layers']} x {d['dense_hidden_units']} units, {BINS} bins; "
-                     f"medians of {rows[0]['repeats']} interleaved blocks")
+        lines.append(
+            f"- size {rows[0]['size']}: h {d['gru_units']}, z {d['num_z_categoricals']}x"
+            f"{d['num_z_classes']}, {d['num_dense_layers']} x {d['dense_hidden_units']} units, {BINS} bins; "
+            f"medians of {rows[0]['repeats']} interleaved blocks"
+        )
     return "\n".join(lines)
 
 
@@ -525,8 +580,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block-seconds", type=float, default=1.0, help="length of one timed block")
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
-    parser.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time multicritic with jit_compile=True (--no-jit: eager only)")
+    parser.add_argument(
+        "--jit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time multicritic with jit_compile=True (--no-jit: eager only)",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's); 1 on a shared machine")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--serve", metavar="PEER", help=argparse.SUPPRESS)

@@ -21,7 +21,7 @@ then, from the repository root:
 `--pair-python` is a Python with multicritic and JAX installed: this script starts
 ``benchmarks/peers/peers.py --serve dreamerv3`` under it (KERAS_BACKEND=jax) and times multicritic's
 ``CriticTrainer.train_step`` there with the official options (multicritic.interop.dreamerv3.CRITIC_OPTIONS,
-``multicritic.optimizers.official_optimizer()``, grad_clip=None, EMA decay 0.98), on the same N latents
+``multicritic.training.optimizers.official_optimizer()``, grad_clip=None, EMA decay 0.98), on the same N latents
 (benchmarks.peers.peers.latents(N, ..., seed=N)), in blocks interleaved with the official ones (official, ours,
 ours, official, ...); only each block's own loop is timed in each process. The table and JSON have the
 columns of benchmarks/peers/peers.py (peer "official"; ratio = official time / multicritic time). Without
@@ -78,7 +78,7 @@ if ROOT not in sys.path:
 from benchmarks.peers.peers import BINS, horizon_split, interleave, latents, table  # noqa: E402  (stdlib-only)
 
 COMMIT = "e3f02248693a79dc8b0ebd62c93683888ddaccfe"
-# multicritic/sizes.py `_MODEL_DIMS` (multicritic cannot be imported here; tests/benchmarks/test_peers.py
+# multicritic/model/sizes.py `_MODEL_DIMS` (multicritic cannot be imported here; tests/benchmarks/test_peers.py
 # checks that the two agree): (gru_units, dense_hidden_units, num_dense_layers, num_z_categoricals,
 # num_z_classes).
 MODEL_DIMS = {
@@ -98,8 +98,10 @@ DIM_KEYS = ("gru_units", "dense_hidden_units", "num_dense_layers", "num_z_catego
 def find_src(src=None):
     src = src or os.environ.get("OFFICIAL_SRC") or "/tmp/official_work/src"
     if not os.path.isfile(os.path.join(src, "dreamerv3", "agent.py")):
-        raise SystemExit(f"no official source at {src}: extract danijar/dreamerv3 at {COMMIT} there "
-                         "(see this script's docstring) or give --src / OFFICIAL_SRC")
+        raise SystemExit(
+            f"no official source at {src}: extract danijar/dreamerv3 at {COMMIT} there "
+            "(see this script's docstring) or give --src / OFFICIAL_SRC"
+        )
     return src
 
 
@@ -125,18 +127,37 @@ def make_official(dims, n, src, compute_dtype="float32"):
 
     configs = yaml.YAML(typ="safe").load(elements.Path(os.path.join(src, "dreamerv3", "configs.yaml")).read())
     config = elements.Config(configs["defaults"])
-    config = config.update({r".*\.units": 32, r".*\.depth": 2}).update({
-        "agent.dyn.rssm.deter": gru, "agent.dyn.rssm.stoch": cats, "agent.dyn.rssm.classes": classes,
-        "agent.dyn.rssm.hidden": 32, "agent.value.layers": layers, "agent.value.units": units,
-        "agent.value.bins": BINS})
+    config = config.update({r".*\.units": 32, r".*\.depth": 2}).update(
+        {
+            "agent.dyn.rssm.deter": gru,
+            "agent.dyn.rssm.stoch": cats,
+            "agent.dyn.rssm.classes": classes,
+            "agent.dyn.rssm.hidden": 32,
+            "agent.value.layers": layers,
+            "agent.value.units": units,
+            "agent.value.bins": BINS,
+        }
+    )
     agent_config = elements.Config(  # dreamerv3/main.py:138-149
-        **config.agent, logdir="/tmp/unused", seed=config.seed, jax=config.jax, batch_size=config.batch_size,
-        batch_length=config.batch_length, replay_context=config.replay_context,
-        report_length=config.report_length, replica=config.replica, replicas=config.replicas)
+        **config.agent,
+        logdir="/tmp/unused",
+        seed=config.seed,
+        jax=config.jax,
+        batch_size=config.batch_size,
+        batch_length=config.batch_length,
+        replay_context=config.replay_context,
+        report_length=config.report_length,
+        replica=config.replica,
+        replicas=config.replicas,
+    )
     assert agent_config.slowvalue.rate == 0.02 and agent_config.slowvalue.every == 1
-    obs_space = {"vec": elements.Space(np.float32, (3,)), "reward": elements.Space(np.float32),
-                 "is_first": elements.Space(bool), "is_last": elements.Space(bool),
-                 "is_terminal": elements.Space(bool)}
+    obs_space = {
+        "vec": elements.Space(np.float32, (3,)),
+        "reward": elements.Space(np.float32),
+        "is_first": elements.Space(bool),
+        "is_last": elements.Space(bool),
+        "is_terminal": elements.Space(bool),
+    }
     act_space = {"action": elements.Space(np.int32, (), 0, 3)}
     agent = object.__new__(agentlib.Agent)
     agentlib.Agent.__init__(agent, obs_space, act_space, agent_config)
@@ -179,10 +200,12 @@ def make_official(dims, n, src, compute_dtype="float32"):
         loss.block_until_ready()
         return (time.perf_counter() - start) / count
 
-    note = (f"official e3f0224 val/slowval MLPHead {layers}x{units} (symexp_twohot, {compute_dtype}), in "
-            f"deter|stoch {gru}+{cats * classes}; Optimizer(AGC {agent_config.opt.agc}, RMS eps "
-            f"{agent_config.opt.eps}, lr {agent_config.opt.lr}, warmup {agent_config.opt.warmup}); "
-            f"SlowModel rate {agent_config.slowvalue.rate}; jax {jax.__version__}")
+    note = (
+        f"official e3f0224 val/slowval MLPHead {layers}x{units} (symexp_twohot, {compute_dtype}), in "
+        f"deter|stoch {gru}+{cats * classes}; Optimizer(AGC {agent_config.opt.agc}, RMS eps "
+        f"{agent_config.opt.eps}, lr {agent_config.opt.lr}, warmup {agent_config.opt.warmup}); "
+        f"SlowModel rate {agent_config.slowvalue.rate}; jax {jax.__version__}"
+    )
     return run_block, (t + 1, b), note
 
 
@@ -190,12 +213,21 @@ class PairedMulticritic:
     """multicritic's JAX step in a child process (`benchmarks/peers/peers.py --serve dreamerv3`)."""
 
     def __init__(self, python, size):
-        env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"),
-                   TF_CPP_MIN_LOG_LEVEL="3")
+        env = dict(
+            os.environ,
+            KERAS_BACKEND="jax",
+            JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"),
+            TF_CPP_MIN_LOG_LEVEL="3",
+        )
         env.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(
             [python, os.path.join(HERE, "peers.py"), "--serve", "dreamerv3", "--size", size],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
 
     def block(self, n):
         def run_block(count):
@@ -203,7 +235,7 @@ class PairedMulticritic:
             self.proc.stdin.flush()
             for line in self.proc.stdout:
                 if line.startswith("PEERS "):
-                    return json.loads(line[len("PEERS "):])["seconds"]
+                    return json.loads(line[len("PEERS ") :])["seconds"]
             raise RuntimeError(f"the multicritic child exited ({self.proc.wait()})")
 
         return run_block
@@ -226,19 +258,34 @@ def run(size, batches, repeats, block_seconds, src, compute_dtype, pair_python):
             times, count = interleave(blocks, repeats, block_seconds)
             ms = {name: statistics.median(values) * 1e3 for name, values in times.items()}
             ours = ms.get("multicritic")
-            records.append({
-                "peer": "official", "backend": "jax", "size": size, "dims": dims, "batch": n,
-                "layout": list(layout), "constructor": note + ("; multicritic: CRITIC_OPTIONS of "
-                                                               "interop.dreamerv3, official_optimizer()" if paired
-                                                               else "; multicritic not paired"),
-                "peer_ms": ms["official"], "multicritic_ms": ours,
-                "ratio": ms["official"] / ours if ours else None,
-                "peer_samples": [v * 1e3 for v in times["official"]],
-                "multicritic_samples": [v * 1e3 for v in times.get("multicritic", [])],
-                "repeats": repeats, "steps_per_block": count, "compute_dtype": compute_dtype,
-            })
-            print(f"official N={n}: {ms['official']:.3f} ms" + (f", multicritic {ours:.3f} ms" if ours else ""),
-                  file=sys.stderr)
+            records.append(
+                {
+                    "peer": "official",
+                    "backend": "jax",
+                    "size": size,
+                    "dims": dims,
+                    "batch": n,
+                    "layout": list(layout),
+                    "constructor": note
+                    + (
+                        "; multicritic: CRITIC_OPTIONS of interop.dreamerv3, official_optimizer()"
+                        if paired
+                        else "; multicritic not paired"
+                    ),
+                    "peer_ms": ms["official"],
+                    "multicritic_ms": ours,
+                    "ratio": ms["official"] / ours if ours else None,
+                    "peer_samples": [v * 1e3 for v in times["official"]],
+                    "multicritic_samples": [v * 1e3 for v in times.get("multicritic", [])],
+                    "repeats": repeats,
+                    "steps_per_block": count,
+                    "compute_dtype": compute_dtype,
+                }
+            )
+            print(
+                f"official N={n}: {ms['official']:.3f} ms" + (f", multicritic {ours:.3f} ms" if ours else ""),
+                file=sys.stderr,
+            )
     finally:
         if paired:
             paired.close()
@@ -249,8 +296,9 @@ def _table(records):
     if all(r["multicritic_ms"] is not None for r in records):
         return table(records)
     lines = ["| peer | batch N | rows (T x B) | official ms |", "|---|---:|---:|---:|"]
-    lines += [f"| official | {r['batch']} | {r['layout'][0]} x {r['layout'][1]} | {r['peer_ms']:.3f} |"
-              for r in records]
+    lines += [
+        f"| official | {r['batch']} | {r['layout'][0]} x {r['layout'][1]} | {r['peer_ms']:.3f} |" for r in records
+    ]
     lines += ["", f"- official: {records[0]['constructor']}"] if records else []
     return "\n".join(lines)
 
@@ -263,13 +311,23 @@ def main(argv=None):
     parser.add_argument("--block-seconds", type=float, default=1.0)
     parser.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--src", help="the official source tree (default: $OFFICIAL_SRC or /tmp/official_work/src)")
-    parser.add_argument("--pair-python", metavar="PYTHON",
-                        help="a Python with multicritic + JAX: time multicritic's JAX step there, interleaved")
+    parser.add_argument(
+        "--pair-python",
+        metavar="PYTHON",
+        help="a Python with multicritic + JAX: time multicritic's JAX step there, interleaved",
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    records = run(args.size, args.batch, args.repeats, args.block_seconds, find_src(args.src), args.compute_dtype,
-                  args.pair_python)
+    records = run(
+        args.size,
+        args.batch,
+        args.repeats,
+        args.block_seconds,
+        find_src(args.src),
+        args.compute_dtype,
+        args.pair_python,
+    )
     print(_table(records))
     if args.json:
         with open(args.json, "w") as f:

@@ -73,8 +73,11 @@ CRITICS = {
 def parser(description: str) -> argparse.ArgumentParser:
     """The arguments every example takes (an engine adds its own)."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--critic", default="multi",
-                   help=f"the critic(s) to train, one after the other: any of {sorted(CRITICS)}, comma-separated")
+    p.add_argument(
+        "--critic",
+        default="multi",
+        help=f"the critic(s) to train, one after the other: any of {sorted(CRITICS)}, comma-separated",
+    )
     p.add_argument("--steps", type=int, default=8, help="train until this many steps are done")
     p.add_argument("--batch", type=int, default=16, help="global batch: dreams per step, split over the hosts")
     p.add_argument("--horizon", type=int, default=6, help="dream horizon H (batches are [H+1, B, ...])")
@@ -83,8 +86,12 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", help="write DIR/<critic>/step-NNNNNN.npz; resume from the latest found")
     p.add_argument("--checkpoint-every", type=int, default=4)
     p.add_argument("--out", help="write each host's final state and per-step metrics to OUT/<critic>/host<i>.npz")
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds before a collective (or the JAX heartbeat) gives up on a lost host")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds before a collective (or the JAX heartbeat) gives up on a lost host",
+    )
     p.add_argument("--kill-host", type=int, help="this host kills itself (SIGKILL) ...")
     p.add_argument("--kill-at-step", type=int, help="... before this step ...")
     p.add_argument("--kill-critic", help="... of this critic (default: the first), unless it resumed")
@@ -139,6 +146,7 @@ def global_batch(args, critic, step: int):
 
 def host_rows(batch, index: int, count: int):
     """Host `index`'s rows (axis 1) of a dream batch."""
+
     def take(x):
         if isinstance(x, dict):
             return {k: take(v) for k, v in x.items()}
@@ -168,7 +176,7 @@ class FileCheckpoints:
         return found[0] if found else None
 
     def clean(self, log):
-        """Removes what killed writes left behind (`multicritic.integrity` writes a temporary file, then renames
+        """Removes what killed writes left behind (`multicritic.files.integrity` writes a temporary file, then renames
         it: a write killed before the rename leaves the temporary file, never a partial checkpoint)."""
         for path in glob.glob(os.path.join(self.folder or "", ".multicritic-*")):
             os.remove(path)
@@ -227,11 +235,17 @@ def resume(trainer, checkpoints, variables, log) -> int:
     delete the file)."""
     from multicritic.training import hosts
 
-    found = checkpoints.candidates() if hasattr(checkpoints, "candidates") else [c for c in [checkpoints.latest()]
-                                                                                  if c is not None]
-    hosts.same("resume step", [step for _, step in found],
-               "the same checkpoints on every host: a shared folder, or a copy of it that has fully arrived",
-               variables)
+    found = (
+        checkpoints.candidates()
+        if hasattr(checkpoints, "candidates")
+        else [c for c in [checkpoints.latest()] if c is not None]
+    )
+    hosts.same(
+        "resume step",
+        [step for _, step in found],
+        "the same checkpoints on every host: a shared folder, or a copy of it that has fully arrived",
+        variables,
+    )
     for path, step in found:
         try:
             info = trainer.restore(path)
@@ -240,12 +254,16 @@ def resume(trainer, checkpoints, variables, log) -> int:
         except (ValueError, OSError) as err:  # raised on every host alike (`restore` compares them first)
             log(f"WARNING: skipping checkpoint {path}: {err}")
             continue
-        log(f"restored step {step} from {path} (saved on {info['saved_on_hosts']} host(s), "
-            f"restored on {info['hosts']}) at time {time.time():.3f}")
+        log(
+            f"restored step {step} from {path} (saved on {info['saved_on_hosts']} host(s), "
+            f"restored on {info['hosts']}) at time {time.time():.3f}"
+        )
         return step
     if found:
-        raise ValueError(f"checkpoint-dir: got {len(found)} checkpoint(s), none intact; expected at least one "
-                         "that restores (or none, to start from scratch).")
+        raise ValueError(
+            f"checkpoint-dir: got {len(found)} checkpoint(s), none intact; expected at least one "
+            "that restores (or none, to start from scratch)."
+        )
     return 0
 
 
@@ -270,8 +288,10 @@ def train_one(args, kind, checkpoints, log, extra, scope, may_kill):
         if hosts.preempted(variables):  # every host stops here at the same step, with a checkpoint of it
             if step > start and step % args.checkpoint_every:  # (else just written)
                 checkpoints.save(trainer, step, metrics[step - 1])
-            log(f"{tag} preempted ({hosts.preemption_signal() or 'another host'}) before step {step}: "
-                f"checkpoint of step {step} written, exiting at time {time.time():.3f}")
+            log(
+                f"{tag} preempted ({hosts.preemption_signal() or 'another host'}) before step {step}: "
+                f"checkpoint of step {step} written, exiting at time {time.time():.3f}"
+            )
             sys.stdout.flush()
             return False
         if may_kill and start == 0 and step == args.kill_at_step and index == args.kill_host:
@@ -291,10 +311,17 @@ def train_one(args, kind, checkpoints, log, extra, scope, may_kill):
     if args.out:
         folder = os.path.join(args.out, kind)
         os.makedirs(folder, exist_ok=True)
-        arrays = {"state/" + key: np.asarray(keras.ops.convert_to_numpy(var.value))
-                  for key, var in keyed_variables(trainer).items()}
-        arrays.update({f"metrics/{step}/{name}": np.float64(value)
-                       for step, values in metrics.items() for name, value in values.items()})
+        arrays = {
+            "state/" + key: np.asarray(keras.ops.convert_to_numpy(var.value))
+            for key, var in keyed_variables(trainer).items()
+        }
+        arrays.update(
+            {
+                f"metrics/{step}/{name}": np.float64(value)
+                for step, values in metrics.items()
+                for name, value in values.items()
+            }
+        )
         arrays.update({"hosts": np.int64(count), "start": np.int64(start), "step_seconds": np.asarray(times)})
         arrays.update({k: np.asarray(v) for k, v in (extra or {}).items()})
         np.savez(os.path.join(folder, f"host{index}.npz"), **arrays)

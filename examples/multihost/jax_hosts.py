@@ -40,8 +40,11 @@ def main():
 
     if args.num_processes > 1:
         jax.distributed.initialize(
-            args.coordinator, args.num_processes, args.process_id,
-            initialization_timeout=int(args.timeout), heartbeat_timeout_seconds=int(args.timeout),
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            initialization_timeout=int(args.timeout),
+            heartbeat_timeout_seconds=int(args.timeout),
         )
     import keras
 

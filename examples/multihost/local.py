@@ -78,8 +78,14 @@ class Hosts:
         self._ready = {}
 
     def start(self, tag, cmd, env=None, ready=None):
-        proc = subprocess.Popen(cmd, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+        proc = subprocess.Popen(
+            cmd,
+            env=dict(os.environ, **(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
         self.procs.append((tag, proc))
         event = self._ready[tag] = threading.Event()
 
@@ -129,8 +135,14 @@ def main():
     p.add_argument("engine", choices=ENGINES)
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--max-restarts", type=int, default=0, help="torch: torchrun's --max-restarts")
-    p.add_argument("--host-args", nargs=2, action="append", default=[], metavar=("I", "ARGS"),
-                   help="more arguments for host I alone")
+    p.add_argument(
+        "--host-args",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("I", "ARGS"),
+        help="more arguments for host I alone",
+    )
     args, example = p.parse_known_args()
     if example[:1] == ["--"]:
         example = example[1:]
@@ -144,8 +156,21 @@ def main():
         if args.engine == "jax":
             address = f"127.0.0.1:{free_port()}"
             for i in range(n):
-                hosts.start(tags[i], [python, os.path.join(HERE, "jax_hosts.py"), "--coordinator", address,
-                                      "--num-processes", str(n), "--process-id", str(i), *example, *extra.get(i, [])])
+                hosts.start(
+                    tags[i],
+                    [
+                        python,
+                        os.path.join(HERE, "jax_hosts.py"),
+                        "--coordinator",
+                        address,
+                        "--num-processes",
+                        str(n),
+                        "--process-id",
+                        str(i),
+                        *example,
+                        *extra.get(i, []),
+                    ],
+                )
         elif args.engine == "torch":
             endpoint = f"127.0.0.1:{free_port()}"
             # An id of this launch's own, not the port's: a launch that picked the same port cannot join this
@@ -153,43 +178,89 @@ def main():
             rdzv_id = f"multicritic-{uuid.uuid4().hex[:12]}"
             for i in range(n):
                 # `python -m torch.distributed.run` is `torchrun`.
-                hosts.start(tags[i], [python, "-m", "torch.distributed.run", f"--nnodes={n}", "--nproc-per-node=1",
-                                      "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                                      f"--rdzv-id={rdzv_id}", "--local-addr=127.0.0.1",
-                                      f"--max-restarts={args.max_restarts}", "--monitor-interval=0.5",
-                                      os.path.join(HERE, "torch_hosts.py"), *example, *extra.get(i, [])],
-                            env=TORCHRUN_ENV)
+                hosts.start(
+                    tags[i],
+                    [
+                        python,
+                        "-m",
+                        "torch.distributed.run",
+                        f"--nnodes={n}",
+                        "--nproc-per-node=1",
+                        "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint={endpoint}",
+                        f"--rdzv-id={rdzv_id}",
+                        "--local-addr=127.0.0.1",
+                        f"--max-restarts={args.max_restarts}",
+                        "--monitor-interval=0.5",
+                        os.path.join(HERE, "torch_hosts.py"),
+                        *example,
+                        *extra.get(i, []),
+                    ],
+                    env=TORCHRUN_ENV,
+                )
         elif args.engine == "tensorflow":
             workers = [f"127.0.0.1:{port}" for port in free_ports(n)]
             for i in range(n):
                 config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
-                hosts.start(tags[i], [python, os.path.join(HERE, "tensorflow_hosts.py"), *example, *extra.get(i, [])],
-                            env={"TF_CONFIG": json.dumps(config)})
+                hosts.start(
+                    tags[i],
+                    [python, os.path.join(HERE, "tensorflow_hosts.py"), *example, *extra.get(i, [])],
+                    env={"TF_CONFIG": json.dumps(config)},
+                )
         else:
             port, client, *agents = free_ports(2 + 4 * n)
             # Without token authentication: Ray turns it on for a cluster as soon as `~/.ray/auth_token` exists
             # (a `ray.init()` elsewhere on this machine writes one), which this local cluster must not depend on.
             ray_env = {"RAY_AUTH_MODE": "disabled"}
-            ray = [python, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus=1", "--disable-usage-stats",
-                   "--node-ip-address=127.0.0.1", "--object-store-memory=100000000"]
+            ray = [
+                python,
+                "-m",
+                "ray.scripts.scripts",
+                "start",
+                "--block",
+                "--num-cpus=1",
+                "--disable-usage-stats",
+                "--node-ip-address=127.0.0.1",
+                "--object-store-memory=100000000",
+            ]
             for i in range(n):
                 # A temporary directory of its own: `ray.init()` elsewhere on this machine must not find this cluster.
                 node_dir = tempfile.mkdtemp(prefix="mcray-", dir="/tmp")
                 node = [f"--temp-dir={node_dir}"]
-                node += ["--head", f"--port={port}", f"--ray-client-server-port={client}",
-                         "--include-dashboard=false"] if i == 0 else [f"--address=127.0.0.1:{port}"]
+                node += (
+                    ["--head", f"--port={port}", f"--ray-client-server-port={client}", "--include-dashboard=false"]
+                    if i == 0
+                    else [f"--address=127.0.0.1:{port}"]
+                )
                 names = ("dashboard-agent-listen", "metrics-export", "runtime-env-agent", "dashboard-agent-grpc")
                 ports = [f"--{name}-port={agents[4 * i + k]}" for k, name in enumerate(names)]
                 # Stopped at the end without draining (what `ray stop` does).
-                hosts.start(f"node {i}", ray + node + ports, ready="Ray runtime started",
-                            env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **ray_env})
+                hosts.start(
+                    f"node {i}",
+                    ray + node + ports,
+                    ready="Ray runtime started",
+                    env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **ray_env},
+                )
                 cleanup.append(node_dir)
                 hosts.wait_ready(f"node {i}", timeout=120)
             storage = tempfile.mkdtemp(prefix="multicritic-ray-storage-")
             cleanup.append(storage)
             tags = ["driver"]
-            hosts.start("driver", [python, os.path.join(HERE, "ray_train.py"), "--address", f"127.0.0.1:{port}",
-                                   "--workers", str(n), "--storage", storage, *example], env=ray_env)
+            hosts.start(
+                "driver",
+                [
+                    python,
+                    os.path.join(HERE, "ray_train.py"),
+                    "--address",
+                    f"127.0.0.1:{port}",
+                    "--workers",
+                    str(n),
+                    "--storage",
+                    storage,
+                    *example,
+                ],
+                env=ray_env,
+            )
         hosts.wait(tags)
     finally:
         hosts.stop()

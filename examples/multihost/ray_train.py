@@ -106,8 +106,13 @@ def train_loop(config):
     checkpoints = RayCheckpoints()
     try:
         # Ray stops and restarts its workers itself (SIGTERM, then SIGKILL): no preemption handler here.
-        shared.train(args, checkpoints=checkpoints, extra={"node": node}, preemption=False,
-                     log=lambda line: print(f"{line} [node {node[:8]}]", flush=True))
+        shared.train(
+            args,
+            checkpoints=checkpoints,
+            extra={"node": node},
+            preemption=False,
+            log=lambda line: print(f"{line} [node {node[:8]}]", flush=True),
+        )
     finally:
         shutil.rmtree(checkpoints.folder, ignore_errors=True)  # Ray keeps what was reported
 
@@ -118,8 +123,11 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--cpus-per-worker", type=float, default=1.0)
     p.add_argument("--gpu", action="store_true", help="one GPU per worker, NCCL")
-    p.add_argument("--storage", default=os.path.join(tempfile.gettempdir(), "multicritic-ray"),
-                   help="where Ray keeps the run's checkpoints (every node must reach it)")
+    p.add_argument(
+        "--storage",
+        default=os.path.join(tempfile.gettempdir(), "multicritic-ray"),
+        help="where Ray keeps the run's checkpoints (every node must reach it)",
+    )
     p.add_argument("--name", default="multicritic-critic", help="the run's name under --storage")
     p.add_argument("--max-failures", type=int, default=1, help="worker-group restarts before the run fails")
     args = p.parse_args()
@@ -133,10 +141,14 @@ def main():
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"args": vars(args), "here": HERE},
-        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu,
-                                     resources_per_worker={"CPU": args.cpus_per_worker}),
-        run_config=RunConfig(storage_path=os.path.abspath(args.storage), name=args.name,
-                             failure_config=FailureConfig(max_failures=args.max_failures)),
+        scaling_config=ScalingConfig(
+            num_workers=args.workers, use_gpu=args.gpu, resources_per_worker={"CPU": args.cpus_per_worker}
+        ),
+        run_config=RunConfig(
+            storage_path=os.path.abspath(args.storage),
+            name=args.name,
+            failure_config=FailureConfig(max_failures=args.max_failures),
+        ),
         torch_config=TorchConfig(backend="nccl" if args.gpu else "gloo", timeout_s=int(args.timeout)),
     )
     result = trainer.fit()

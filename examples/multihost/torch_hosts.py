@@ -49,8 +49,9 @@ def main():
         if gpu:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         # The rank, world size and store address come from torchrun's environment (env://).
-        torch.distributed.init_process_group("nccl" if gpu else "gloo",
-                                             timeout=datetime.timedelta(seconds=args.timeout))
+        torch.distributed.init_process_group(
+            "nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=args.timeout)
+        )
     try:
         common.train(args)
     finally:

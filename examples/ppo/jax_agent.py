@@ -26,8 +26,16 @@ import optax  # noqa: E402
 from multicritic import critic_loss, inverse_symlog  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from keras_agent import (HYPERPARAMETERS, env_step, gae, main, report, rollout_buffer,  # noqa: E402
-                         start_run, value_network)
+from keras_agent import (
+    HYPERPARAMETERS,
+    env_step,
+    gae,
+    main,
+    report,
+    rollout_buffer,  # noqa: E402
+    start_run,
+    value_network,
+)
 
 
 def actor_init(key, sizes):
@@ -49,8 +57,7 @@ def actor_logits(params, obs):
 def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     hp = HYPERPARAMETERS
     rng = np.random.default_rng(seed)
-    envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed,
-                                                     "jax (its own jit)")
+    envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed, "jax (its own jit)")
     actor = actor_init(jax.random.PRNGKey(seed), [obs_size, hp["units"], hp["units"], actions])
     actor_tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(hp["actor_lr"], eps=1e-5))
     actor_state = actor_tx.init(actor)
@@ -112,11 +119,20 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
         for _ in range(hp["epochs"]):
             order = rng.permutation(T * E)
             for i in range(hp["minibatches"]):
-                idx = order[i * size:(i + 1) * size]
+                idx = order[i * size : (i + 1) * size]
                 a = ((adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)).astype("float32")
                 actor, actor_state, fast, ema, critic_state = update(
-                    actor, actor_state, fast, ema, critic_state, flat["obs"][idx], flat["action"][idx],
-                    flat["logp"][idx], a, ret[idx])
+                    actor,
+                    actor_state,
+                    fast,
+                    ema,
+                    critic_state,
+                    flat["obs"][idx],
+                    flat["action"][idx],
+                    flat["logp"][idx],
+                    a,
+                    ret[idx],
+                )
         report(record, step, start, json_path, log)
     envs.close()
     return record

@@ -38,8 +38,20 @@ from keras import ops
 from multicritic import CriticNetwork, CriticTrainer, inverse_symlog
 
 # One set of hyperparameters for every task, scale and head (CleanRL's PPO for classic control).
-HYPERPARAMETERS = dict(envs=4, rollout=128, epochs=4, minibatches=4, gamma=0.99, gae_lambda=0.95, clip=0.2,
-                       entropy=0.01, actor_lr=2.5e-4, critic_lr=2.5e-4, critic_clip=50.0, units=64)
+HYPERPARAMETERS = dict(
+    envs=4,
+    rollout=128,
+    epochs=4,
+    minibatches=4,
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip=0.2,
+    entropy=0.01,
+    actor_lr=2.5e-4,
+    critic_lr=2.5e-4,
+    critic_clip=50.0,
+    units=64,
+)
 
 
 def ppo_loss(y_true, logits):
@@ -60,8 +72,9 @@ def make_actor(obs_size, actions, units):
     x = keras.layers.Dense(units, activation="tanh")(inputs)
     x = keras.layers.Dense(units, activation="tanh")(x)
     actor = keras.Model(inputs, keras.layers.Dense(actions, kernel_initializer=keras.initializers.Orthogonal(0.01))(x))
-    actor.compile(optimizer=keras.optimizers.Adam(HYPERPARAMETERS["actor_lr"], epsilon=1e-5, clipnorm=0.5),
-                  loss=ppo_loss)
+    actor.compile(
+        optimizer=keras.optimizers.Adam(HYPERPARAMETERS["actor_lr"], epsilon=1e-5, clipnorm=0.5), loss=ppo_loss
+    )
     return actor
 
 
@@ -80,17 +93,28 @@ def head_spec(text):
 
 def value_network(obs_size, head, units):
     """The built critic for `obs_size` observations: `h` is the observation, `z` one constant class."""
-    critic = CriticNetwork(model_size=None, gru_units=obs_size, num_z_categoricals=1, num_z_classes=1,
-                           num_dense_layers=2, dense_hidden_units=units, head=head_spec(head))
+    critic = CriticNetwork(
+        model_size=None,
+        gru_units=obs_size,
+        num_z_categoricals=1,
+        num_z_classes=1,
+        num_dense_layers=2,
+        dense_hidden_units=units,
+        head=head_spec(head),
+    )
     critic(np.zeros((1, obs_size), "float32"), np.ones((1, 1, 1), "float32"))
     return critic
 
 
 def make_critic(obs_size, head, units, seed):
     critic = value_network(obs_size, head, units)
-    trainer = CriticTrainer(critic, learning_rate=HYPERPARAMETERS["critic_lr"],
-                            grad_clip=HYPERPARAMETERS["critic_clip"], seed=seed,
-                            metrics="core")
+    trainer = CriticTrainer(
+        critic,
+        learning_rate=HYPERPARAMETERS["critic_lr"],
+        grad_clip=HYPERPARAMETERS["critic_clip"],
+        seed=seed,
+        metrics="core",
+    )
     return critic, trainer
 
 
@@ -104,20 +128,36 @@ def values(critic, obs):
 def start_run(env_id, head, reward_scale, steps, seed, backend):
     """`(envs, observations, observation size, actions, record)`: `HYPERPARAMETERS["envs"]` environments
     (episode statistics recorded, reset with `seed`) and the run's record (its curve goes in `episodes`)."""
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(HYPERPARAMETERS["envs"])],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id) for _ in range(HYPERPARAMETERS["envs"])],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     obs, _ = envs.reset(seed=seed)
-    record = {"env": env_id, "head": head, "reward_scale": reward_scale, "seed": seed, "steps": steps,
-              "backend": backend, "hyperparameters": HYPERPARAMETERS, "episodes": []}
+    record = {
+        "env": env_id,
+        "head": head,
+        "reward_scale": reward_scale,
+        "seed": seed,
+        "steps": steps,
+        "backend": backend,
+        "hyperparameters": HYPERPARAMETERS,
+        "episodes": [],
+    }
     return envs, obs, int(envs.single_observation_space.shape[0]), int(envs.single_action_space.n), record
 
 
 def rollout_buffer(steps, envs, obs_size, action_dtype):
     """Zeroed `[steps, envs, ...]` arrays of a rollout: observations, actions, their log-probabilities, the
     (scaled) rewards, episode ends and the critic's values."""
-    shapes = {"obs": ((obs_size,), "float32"), "action": ((), action_dtype), "logp": ((), "float32"),
-              "reward": ((), "float64"), "done": ((), "float64"), "value": ((), "float64")}
+    shapes = {
+        "obs": ((obs_size,), "float32"),
+        "action": ((), action_dtype),
+        "logp": ((), "float32"),
+        "reward": ((), "float64"),
+        "done": ((), "float64"),
+        "value": ((), "float64"),
+    }
     return {k: np.zeros((steps, envs) + shape, dtype) for k, (shape, dtype) in shapes.items()}
 
 
@@ -151,8 +191,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     """Runs PPO; returns `{"episodes": [[env step, return], ...], "seconds": ...}` (returns unscaled)."""
     hp = HYPERPARAMETERS
     keras.utils.set_random_seed(seed)
-    envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed,
-                                                     keras.backend.backend())
+    envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed, keras.backend.backend())
     actor = make_actor(obs_size, actions, hp["units"])
     critic, trainer = make_critic(obs_size, head, hp["units"], seed)
     rng = np.random.default_rng(seed)
@@ -162,15 +201,24 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
         buf = rollout_buffer(T, E, obs_size, "int64")
         for t in range(T):
             logits = np.asarray(keras.ops.convert_to_numpy(actor(obs.astype("float32"))), "float64")
-            logp_all = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            logp_all = (
+                logits
+                - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
                 - logits.max(-1, keepdims=True)
+            )
             action = np.array([rng.choice(actions, p=np.exp(row)) for row in logp_all])
             buf["obs"][t], buf["action"][t] = obs, action
             buf["logp"][t] = logp_all[np.arange(E), action]
             buf["value"][t] = values(critic, obs.astype("float32"))
             obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
-        advantages, returns = gae(buf["reward"], buf["done"], buf["value"], values(critic, obs.astype("float32")),
-                                  hp["gamma"], hp["gae_lambda"])
+        advantages, returns = gae(
+            buf["reward"],
+            buf["done"],
+            buf["value"],
+            values(critic, obs.astype("float32")),
+            hp["gamma"],
+            hp["gae_lambda"],
+        )
         flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
         adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
         z = np.ones((T * E, 1, 1), "float32")
@@ -178,7 +226,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
         for _ in range(hp["epochs"]):
             order = rng.permutation(T * E)
             for i in range(hp["minibatches"]):
-                idx = order[i * size:(i + 1) * size]
+                idx = order[i * size : (i + 1) * size]
                 a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
                 y = np.stack([flat["action"][idx], a, flat["logp"][idx]], -1).astype("float32")
                 actor.train_on_batch(flat["obs"][idx], y)
@@ -191,8 +239,10 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
 def report(record, step, start, json_path, log):
     """After an update: the last 20 episodes' mean return on the log, the record to `json_path`."""
     recent = [r for _, r in record["episodes"][-20:]]
-    log(f"{record['env']} {record['head']} x{record['reward_scale']:g} seed {record['seed']} [{record['backend']}]: "
-        f"step {step}, return {np.mean(recent) if recent else float('nan'):.1f} (last 20 episodes)")
+    log(
+        f"{record['env']} {record['head']} x{record['reward_scale']:g} seed {record['seed']} [{record['backend']}]: "
+        f"step {step}, return {np.mean(recent) if recent else float('nan'):.1f} (last 20 episodes)"
+    )
     record["seconds"] = time.perf_counter() - start
     if json_path:
         with open(json_path + ".tmp", "w") as f:

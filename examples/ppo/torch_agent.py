@@ -26,18 +26,30 @@ from torch import nn  # noqa: E402
 from multicritic import critic_loss, inverse_symlog  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from keras_agent import (HYPERPARAMETERS, env_step, gae, main, report, rollout_buffer,  # noqa: E402
-                         start_run, value_network)
+from keras_agent import (
+    HYPERPARAMETERS,
+    env_step,
+    gae,
+    main,
+    report,
+    rollout_buffer,  # noqa: E402
+    start_run,
+    value_network,
+)
 
 
 def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     hp = HYPERPARAMETERS
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed,
-                                                     "torch (its own loop)")
-    actor = nn.Sequential(nn.Linear(obs_size, hp["units"]), nn.Tanh(), nn.Linear(hp["units"], hp["units"]),
-                          nn.Tanh(), nn.Linear(hp["units"], actions))
+    envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed, "torch (its own loop)")
+    actor = nn.Sequential(
+        nn.Linear(obs_size, hp["units"]),
+        nn.Tanh(),
+        nn.Linear(hp["units"], hp["units"]),
+        nn.Tanh(),
+        nn.Linear(hp["units"], actions),
+    )
     nn.init.orthogonal_(actor[-1].weight, 0.01)
     actor_opt = torch.optim.Adam(actor.parameters(), lr=hp["actor_lr"], eps=1e-5)
     critic = value_network(obs_size, head, hp["units"])
@@ -62,8 +74,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
             buf["obs"][t], buf["action"][t], buf["logp"][t] = obs, action.numpy(), dist.log_prob(action).numpy()
             buf["value"][t] = values(obs)
             obs, step = env_step(envs, action.numpy(), buf, t, reward_scale, record, step)
-        advantages, returns = gae(buf["reward"], buf["done"], buf["value"], values(obs), hp["gamma"],
-                                  hp["gae_lambda"])
+        advantages, returns = gae(buf["reward"], buf["done"], buf["value"], values(obs), hp["gamma"], hp["gae_lambda"])
         flat = {k: torch.as_tensor(v.reshape((T * E,) + v.shape[2:])) for k, v in buf.items()}
         adv = torch.as_tensor(advantages.reshape(-1), dtype=torch.float32)
         ret = torch.as_tensor(returns.reshape(-1), dtype=torch.float32)
@@ -71,7 +82,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
         for _ in range(hp["epochs"]):
             order = torch.as_tensor(rng.permutation(T * E))
             for i in range(hp["minibatches"]):
-                idx = order[i * size:(i + 1) * size]
+                idx = order[i * size : (i + 1) * size]
                 a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
                 dist = torch.distributions.Categorical(logits=actor(flat["obs"][idx]))
                 ratio = torch.exp(dist.log_prob(flat["action"][idx]) - flat["logp"][idx])

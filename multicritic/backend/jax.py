@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from keras import StatelessScope
 from keras.src.backend.common.stateless_scope import get_stateless_scope, in_stateless_scope
 
-from multicritic.backend import Backend
+from multicritic.backend.contract import Backend
 
 
 def _shard_batch(batch, batch_axis):
@@ -205,8 +205,12 @@ class JaxBackend(Backend):
 
     def keras_train_step(self, model, program, state, batch):
         """Keras's stateless `train_step`: `state` = (trainable, non-trainable, optimizer, metrics) values."""
-        groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables,
-                  model.metrics_variables)
+        groups = (
+            model.trainable_variables,
+            model.non_trainable_variables,
+            model.optimizer.variables,
+            model.metrics_variables,
+        )
         variables = [v for group in groups for v in group]
         new_state, logs = _stateless_step(program, variables, [x for part in state for x in part], batch)
         return logs, _split(new_state, groups)

@@ -16,8 +16,8 @@ import operator
 import numpy as np
 import tensorflow as tf
 
-from multicritic import backend as backend_contract
-from multicritic.backend import Backend, StepProgram
+from multicritic.backend import contract as backend_contract
+from multicritic.backend.contract import Backend, StepProgram
 
 
 def batch_signature(batch, batch_axis, static=False):
@@ -164,8 +164,15 @@ class _SelectedAssignments:
             assign = resource.assign
             for method, new_value in self._METHODS.items():
 
-                def selected(value, use_locking=None, name=None, read_value=True, _var=resource, _assign=assign,
-                             _new_value=new_value):
+                def selected(
+                    value,
+                    use_locking=None,
+                    name=None,
+                    read_value=True,
+                    _var=resource,
+                    _assign=assign,
+                    _new_value=new_value,
+                ):
                     current = _var.read_value()
                     value = _new_value(current, tf.convert_to_tensor(value, dtype=_var.dtype))
                     return _assign(tf.where(self.ok, value, current), use_locking, name, read_value)

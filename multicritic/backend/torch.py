@@ -21,8 +21,10 @@ from keras.src.backend.common import global_state
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.torch import core as keras_torch
 
-from multicritic import backend as backend_contract
-from multicritic.backend import Backend, torch_replay, torch_step, torch_views
+from multicritic.backend import contract as backend_contract
+from multicritic.backend import torch_replay, torch_step, torch_views
+from multicritic.backend.contract import Backend
+
 
 # Keras creates some of its thread's global attributes in the first layer call (a view's call enters a
 # stateless scope, whose exit reads the list of uninitialised variables). Made now, as Keras would make them, a
@@ -68,8 +70,15 @@ def _fused_adam_params(optimizer, grads, variables):
 
     if type(optimizer) is not Adam or torch_step.tracing():
         return None
-    options = (optimizer.amsgrad, optimizer.weight_decay, optimizer.clipnorm, optimizer.clipvalue,
-               optimizer.global_clipnorm, optimizer.gradient_accumulation_steps, optimizer.loss_scale_factor)
+    options = (
+        optimizer.amsgrad,
+        optimizer.weight_decay,
+        optimizer.clipnorm,
+        optimizer.clipvalue,
+        optimizer.global_clipnorm,
+        optimizer.gradient_accumulation_steps,
+        optimizer.loss_scale_factor,
+    )
     if optimizer.use_ema or any(o not in (None, False) for o in options):
         return None
     if not all(isinstance(b, float) for b in (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon)):
@@ -81,8 +90,15 @@ def _fused_adam_params(optimizer, grads, variables):
         return None
     device = params[0].device
     for v, p, g in zip(variables, params, grads):
-        if (v.constraint is not None or getattr(v, "overwrite_with_gradient", False) or not torch.is_tensor(g)
-                or p.dtype != torch.float32 or g.dtype != torch.float32 or p.device != device or g.device != device):
+        if (
+            v.constraint is not None
+            or getattr(v, "overwrite_with_gradient", False)
+            or not torch.is_tensor(g)
+            or p.dtype != torch.float32
+            or g.dtype != torch.float32
+            or p.device != device
+            or g.device != device
+        ):
             return None
     return params if device.type in _FUSED_DEVICES else None
 
@@ -102,7 +118,7 @@ class TrainFunction:
     graph.
 
     `jit_compile`: True compiles at the first call; False never; `"auto"`
-    at the `multicritic.backend.AUTO_COMPILE_AFTER_STEPS`-th call, falling back to eager (with a
+    at the `multicritic.backend.contract.AUTO_COMPILE_AFTER_STEPS`-th call, falling back to eager (with a
     warning) if compilation fails, and not under a loss-scale optimizer
     (Keras's branches on the host). Data-parallel steps keep the loss eager
     (DDP's reducer hooks into autograd) and compile the update when asked.
@@ -142,8 +158,9 @@ class TrainFunction:
         except Exception as err:  # an op that reads the host, or one inductor cannot lower
             if self.program.jit_compile != "auto":
                 raise
-            warnings.warn(f"multicritic: compiling the train step failed; it runs eagerly. {err}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"multicritic: compiling the train step failed; it runs eagerly. {err}", RuntimeWarning, stacklevel=2
+            )
             self.compiled = None
             self.program = dataclasses.replace(self.program, jit_compile=False)
             # A failed compilation assigned nothing: the step is retried eagerly.
@@ -154,9 +171,11 @@ class TrainFunction:
 
 # DDP syncs no buffers before a forward pass: Keras keeps every variable as a parameter (the critic has no
 # buffers). PyTorch 2.13 renamed the option (the old name warns); earlier versions know only the old one.
-_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
-                   if "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
-                   else {"broadcast_buffers": False})
+_NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 class TorchBackend(Backend):
@@ -218,13 +237,16 @@ class TorchBackend(Backend):
         ]
         # The fused kernel walks every tensor in the parameter's memory order: it needs one layout for all
         # (a kernel laid out for a host's view, `_host_contiguous`, has a transposed one; its slots do not).
-        if any(m.stride() != p.stride() or v.stride() != p.stride() or g.stride() != p.stride()
-               for p, g, m, v in zip(params, grads, *slots)):
+        if any(
+            m.stride() != p.stride() or v.stride() != p.stride() or g.stride() != p.stride()
+            for p, g, m, v in zip(params, grads, *slots)
+        ):
             return optimizer.apply(grads, variables)
         dtype = params[0].dtype
         step = (optimizer.iterations.value + 1).to(dtype)
-        beta_1, beta_2 = (torch.tensor(b, dtype=dtype, device=step.device)
-                          for b in (optimizer.beta_1, optimizer.beta_2))
+        beta_1, beta_2 = (
+            torch.tensor(b, dtype=dtype, device=step.device) for b in (optimizer.beta_1, optimizer.beta_2)
+        )
         # Keras's update `lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`: its bias corrections go
         # into the kernel's learning rate, and the kernel's own (`1 - b^step`) are made exactly 1 by a step
         # count whose powers of the betas underflow to 0.
@@ -232,8 +254,18 @@ class TorchBackend(Backend):
         lr = lr * torch.sqrt(1 - beta_2.pow(step)) / (1 - beta_1.pow(step))
         steps = [_saturated_step(params[0].device)] * len(params)
         torch._fused_adam_(
-            params, list(grads), slots[0], slots[1], [], steps, lr=lr, beta1=float(optimizer.beta_1),
-            beta2=float(optimizer.beta_2), weight_decay=0.0, eps=float(optimizer.epsilon), amsgrad=False,
+            params,
+            list(grads),
+            slots[0],
+            slots[1],
+            [],
+            steps,
+            lr=lr,
+            beta1=float(optimizer.beta_1),
+            beta2=float(optimizer.beta_2),
+            weight_decay=0.0,
+            eps=float(optimizer.epsilon),
+            amsgrad=False,
             maximize=False,
         )
         optimizer.iterations.assign(optimizer.iterations.value + 1)

@@ -39,7 +39,7 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from multicritic import backend as backend_contract
+from multicritic.backend import contract as backend_contract
 from multicritic.backend import guard_scope, torch_step
 
 # Off: every call runs the Keras ops (to compare against; `multicritic.backend.EAGER` turns off the compiled
@@ -70,10 +70,7 @@ def replayable(inputs: Sequence) -> bool:
         if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
             return False
     return not (
-        torch_step.tracing()
-        or torch._C._get_tracing_state() is not None
-        or in_stateless_scope()
-        or in_symbolic_scope()
+        torch_step.tracing() or torch._C._get_tracing_state() is not None or in_stateless_scope() or in_symbolic_scope()
     )
 
 
@@ -99,15 +96,21 @@ def signature(key, inputs: Sequence, values=None) -> tuple:
     other ops: `reshape` copies it). `values` may instead be a hashable that stands for them."""
     x = inputs[0]
     device = x.device
-    parts = (key, autocast_state(device.type), x.shape, x.dtype, device,
-             True if x.is_contiguous() else x.stride(), *map(_layout, inputs[1:]))
+    parts = (
+        key,
+        autocast_state(device.type),
+        x.shape,
+        x.dtype,
+        device,
+        True if x.is_contiguous() else x.stride(),
+        *map(_layout, inputs[1:]),
+    )
     if values is not None:
         parts += (values,) if not isinstance(values, list) else tuple(map(_layout, values))
     return parts
 
 
-def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: Sequence, values=None,
-           values_key=None):
+def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: Sequence, values=None, values_key=None):
     """`fn(*inputs)`, replayed from a traced graph where possible.
 
     A graph is traced per `signature` (the inputs', the values' and
@@ -248,8 +251,9 @@ def _add_unguarded(graph, fx, args, reference):
 def _same(got, reference) -> bool:
     want = reference if isinstance(reference, tuple) else (reference,)
     got = tuple(got) if isinstance(got, list) else (got,)
-    return len(got) == len(want) and all(g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w.detach())
-                                         for g, w in zip(got, want))
+    return len(got) == len(want) and all(
+        g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w.detach()) for g, w in zip(got, want)
+    )
 
 
 def _straight_line(gm, checked=0):
@@ -323,8 +327,10 @@ def _straight_line(gm, checked=0):
                 # 256 on the CPU, whatever its size; a per-row bound took three.
                 lines.append(f"_m = _max_abs({names[mean]}, _INF).item()")
                 no_grad.append(lines[-1])
-                lines.append(f"if not (_m <= {_ROW_BOUND!r} and _amin({names[rstd]}).item() * ({_ROW_BOUND!r} - _m) "
-                             f">= {math.sqrt(units)!r}): return None")
+                lines.append(
+                    f"if not (_m <= {_ROW_BOUND!r} and _amin({names[rstd]}).item() * ({_ROW_BOUND!r} - _m) "
+                    f">= {math.sqrt(units)!r}): return None"
+                )
                 no_grad.append(lines[-1])
             if node in dropped_after:
                 lines.append(f"del {', '.join(names[d] for d in dropped_after[node])}")
@@ -334,8 +340,10 @@ def _straight_line(gm, checked=0):
             no_grad.append(lines[-1])
         else:
             raise ValueError(f"unexpected graph node {node.op}")
-    source = "".join(f"def {fn}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
-                     for fn, body in (("run", lines), ("run_no_grad", no_grad)))
+    source = "".join(
+        f"def {fn}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+        for fn, body in (("run", lines), ("run_no_grad", no_grad))
+    )
     scope.update(_max_abs=torch.linalg.vector_norm, _INF=math.inf, _amin=torch.amin)
     exec(compile(source, "<multicritic replay>", "exec"), scope)
     return scope["run"], scope["run_no_grad"], source

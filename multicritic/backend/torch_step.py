@@ -110,8 +110,10 @@ class WholeStep:
         except AssertionError as err:
             if "FakeTensor" not in str(err):
                 raise
-            raise ValueError("StepProgram: the step reads a tensor that is in neither its state nor its batch (a "
-                             f"variable missing from `state`?): {err}") from None
+            raise ValueError(
+                "StepProgram: the step reads a tensor that is in neither its state nor its batch (a "
+                f"variable missing from `state`?): {err}"
+            ) from None
         self.compilations += 1
         if self.compiler == "aten":
             fn = gm
@@ -132,8 +134,11 @@ class WholeStep:
         batch = [x if x.is_contiguous() else x.contiguous() for x in batch]
         device = batch[0].device.type if batch else "cpu"
         autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        signature = ((autocast,) + tuple((x.shape, x.dtype, x.device) for x in batch)
-                     + tuple((x.dtype, x.device, x.stride()) for x in values))
+        signature = (
+            (autocast,)
+            + tuple((x.shape, x.dtype, x.device) for x in batch)
+            + tuple((x.dtype, x.device, x.stride()) for x in values)
+        )
         fn = self.graphs.get(signature)
         if fn is None:
             if len(self.graphs) >= MAX_SIGNATURES:

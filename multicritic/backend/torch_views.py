@@ -157,11 +157,12 @@ def _unwrap_state_dict(state_dict, own):
     """`state_dict` without the key prefixes of torch.compile / DDP / Fabric wrappers (taken off while every key
     has one and none is one of `own`'s keys: a layout's own names may start like a wrapper's, as TorchRL's)."""
     while state_dict and not any(k in own for k in state_dict):
-        prefix = next((p for p in WRAPPER_PREFIXES
-                       if all(isinstance(k, str) and k.startswith(p) for k in state_dict)), None)
+        prefix = next(
+            (p for p in WRAPPER_PREFIXES if all(isinstance(k, str) and k.startswith(p) for k in state_dict)), None
+        )
         if prefix is None:
             break
-        state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+        state_dict = {k[len(prefix) :]: v for k, v in state_dict.items()}
     return state_dict
 
 
@@ -176,29 +177,34 @@ def _check_state_dict(module, state_dict, strict: bool, prefix: str = "") -> Non
         if missing or unexpected:
             parts = [f"missing {missing[:5]}"] if missing else []
             parts += [f"unexpected {unexpected[:5]}"] if unexpected else []
-            raise ValueError(f"state_dict: holds {len(state_dict)} tensors, expected {len(own)}: "
-                             f"{'; '.join(parts)}.")
+            raise ValueError(f"state_dict: holds {len(state_dict)} tensors, expected {len(own)}: {'; '.join(parts)}.")
     for name, value in state_dict.items():
         if name not in own:
             continue
         want = tuple(own[name].shape)
         if not isinstance(value, torch.Tensor):
-            raise ValueError(f"state_dict[{name!r}]: got a {type(value).__name__}, expected a torch.Tensor of shape "
-                             f"{list(want)}.")
+            raise ValueError(
+                f"state_dict[{name!r}]: got a {type(value).__name__}, expected a torch.Tensor of shape {list(want)}."
+            )
         if tuple(value.shape) != want:
             raise ValueError(f"state_dict[{name!r}]: got shape {list(value.shape)}, expected {list(want)}.")
         if not value.is_floating_point():
             raise ValueError(f"state_dict[{name!r}]: got dtype {value.dtype}, expected a floating-point dtype.")
         as_param = value.detach().to(own[name].dtype)
         if not bool(torch.isfinite(as_param).all()):
-            raise ValueError(f"state_dict[{name!r}]: got {int((~torch.isfinite(as_param)).sum())} non-finite "
-                             f"value(s) (as {own[name].dtype}), expected finite values.")
+            raise ValueError(
+                f"state_dict[{name!r}]: got {int((~torch.isfinite(as_param)).sum())} non-finite "
+                f"value(s) (as {own[name].dtype}), expected finite values."
+            )
     for holder, leaf, name in getattr(module, "constants", ()):  # host buffers fixed by the configuration
         value, want = state_dict.get(prefix + name), holder._buffers[leaf]
-        if value is not None and not torch.allclose(value.detach().to(want.device, torch.float64),
-                                                    want.to(torch.float64), rtol=1e-6, atol=0.0):
-            raise ValueError(f"state_dict[{prefix + name!r}]: got values that differ from this critic's (a buffer "
-                             "fixed by its configuration: its bins, bounds and scheme).")
+        if value is not None and not torch.allclose(
+            value.detach().to(want.device, torch.float64), want.to(torch.float64), rtol=1e-6, atol=0.0
+        ):
+            raise ValueError(
+                f"state_dict[{prefix + name!r}]: got values that differ from this critic's (a buffer "
+                "fixed by its configuration: its bins, bounds and scheme)."
+            )
 
 
 def _outer_load():
@@ -229,20 +235,25 @@ class _AllOrNothingLoad:
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         if assign:
-            raise ValueError("assign: got True, expected False (the view's parameters are the critic's own tensors; "
-                             "assigned ones would not reach the critic).")
+            raise ValueError(
+                "assign: got True, expected False (the view's parameters are the critic's own tensors; "
+                "assigned ones would not reach the critic)."
+            )
         if not isinstance(state_dict, Mapping):
             raise ValueError(f"state_dict: got a {type(state_dict).__name__}, expected a mapping of names to tensors.")
         state_dict = _unwrap_state_dict(state_dict, self.state_dict(keep_vars=True))
         _check_state_dict(self, state_dict, bool(strict))
         return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=False)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         if prefix:  # inside a wrapper's load: every view it reaches checked before any tensor is copied
             if local_metadata.get("assign_to_params_buffers", False):
-                raise ValueError("assign: got True, expected False (the view's parameters are the critic's own "
-                                 "tensors; assigned ones would not reach the critic).")
+                raise ValueError(
+                    "assign: got True, expected False (the view's parameters are the critic's own "
+                    "tensors; assigned ones would not reach the critic)."
+                )
             outer = _outer_load()
             if outer is None:
                 _check_state_dict(self, state_dict, False, prefix)
@@ -251,8 +262,9 @@ class _AllOrNothingLoad:
                 for name, module in root.named_modules():
                     if isinstance(module, _AllOrNothingLoad) and name:
                         _check_state_dict(module, whole, False, name + ".")
-        return torch.nn.Module._load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                                                     unexpected_keys, error_msgs)
+        return torch.nn.Module._load_from_state_dict(
+            self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
 
 def _moved(view_variables, fn):
@@ -266,7 +278,8 @@ def _moved(view_variables, fn):
             raise ValueError(
                 f"dtype: got a conversion of the critic's {old.dtype} parameters to {new.dtype}, expected their own "
                 f"dtype ({old.dtype}, the critic's Keras dtype policy: build the critic with dtype=... for "
-                "another); for lower precision run the module under torch.autocast. Device moves are taken.")
+                "another); for lower precision run the module under torch.autocast. Device moves are taken."
+            )
         moved.append(new)
     return moved
 
@@ -285,8 +298,13 @@ def _rebuild_view(critic, use_ema, outputs, layout, training, requires_grad):
 def _rebuild_pair(critic, layouts, training):
     """A pair view of `critic` from what `CriticPairModule.__reduce_ex__` kept."""
     if layouts is not None:
-        layouts = [[(name, (critic.ema_weights if k else critic.fast_weights)[i], t) if t != "constant"
-                    else (name, i, t) for name, i, t in layout] for k, layout in enumerate(layouts)]
+        layouts = [
+            [
+                (name, (critic.ema_weights if k else critic.fast_weights)[i], t) if t != "constant" else (name, i, t)
+                for name, i, t in layout
+            ]
+            for k, layout in enumerate(layouts)
+        ]
     view = CriticPairModule(critic, layouts)
     view.train(training)
     return view
@@ -330,8 +348,9 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
             raise ValueError("layout: got an entry whose third element is a string other than 'constant'.")
         layout = [entry for entry in layout if not (len(entry) == 3 and isinstance(entry[2], str))]
         if sorted(id(v) for _, v, _ in layout) != sorted(id(v) for v in variables):
-            raise ValueError("layout: got entries that are not the critic's "
-                             f"{'EMA' if use_ema else 'fast'} variables, each once.")
+            raise ValueError(
+                f"layout: got entries that are not the critic's {'EMA' if use_ema else 'fast'} variables, each once."
+            )
         self.__dict__["names"] = [name for name, _, _ in layout]
         self.__dict__["variables"] = [var for _, var, _ in layout]
         self.__dict__["transposed"] = [bool(t) for _, _, t in layout]
@@ -348,8 +367,12 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
         index = {id(v): i for i, v in enumerate(variables)}
         # What the forward pass computes, apart from the values: the half, the outputs and the order and
         # layout the values come in.
-        self.__dict__["structure"] = ("view", self.use_ema, outputs,
-                                      tuple((index[id(v)], t) for v, t in zip(self.variables, self.transposed)))
+        self.__dict__["structure"] = (
+            "view",
+            self.use_ema,
+            outputs,
+            tuple((index[id(v)], t) for v, t in zip(self.variables, self.transposed)),
+        )
         self.__dict__["constants"] = []  # (holder module, leaf name, full name) of each host buffer
         self.__dict__["constant_arrays"] = [(name, array) for name, array, _ in constants]
         device = variables[0].value.device if variables else None
@@ -364,8 +387,14 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
         index = {id(v): i for i, v in enumerate(own)}
         layout = [(name, index[id(var)], t) for name, var, t in zip(self.names, self.variables, self.transposed)]
         layout += [(name, array, "constant") for name, array in self.constant_arrays]
-        return _rebuild_view, (self.critic, self.use_ema, self.outputs, layout, self.training,
-                               [p.requires_grad for p in self.params])
+        return _rebuild_view, (
+            self.critic,
+            self.use_ema,
+            self.outputs,
+            layout,
+            self.training,
+            [p.requires_grad for p in self.params],
+        )
 
     def read(self):
         """The parameters as read through the module now, in the variables' order: a parameter swapped by

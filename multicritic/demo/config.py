@@ -39,15 +39,15 @@ from multicritic.heads import HEADS as HEAD_REGISTRY
 from multicritic.trunks import TRUNKS as TRUNK_REGISTRY
 
 DEFAULT_SCALES = (1.0, 1e3, 1e6)
-# Copies of multicritic.sizes.MODEL_SIZES and multicritic.bins.BIN_SCHEMES,
+# Copies of multicritic.model.sizes.MODEL_SIZES and multicritic.math.bins.BIN_SCHEMES,
 # which import Keras (tests/demo/test_config.py keeps them equal).
 MODEL_SIZES = ("nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL")
 BIN_SCHEMES = ("uniform_symlog", "symexp")
-# The registries' names (read without Keras); a copy of multicritic.critic.AGGREGATIONS (same test).
+# The registries' names (read without Keras); a copy of multicritic.model.critic.AGGREGATIONS (same test).
 HEADS = tuple(HEAD_REGISTRY)
 TRUNKS = tuple(TRUNK_REGISTRY)
 AGGREGATIONS = ("mean", "min", "min_of_random", "members")
-# A copy of multicritic.presets.PRESETS (same test).
+# A copy of multicritic.training.presets.PRESETS (same test).
 PRESETS = ("rllib-2023", "dreamerv3-2024")
 _PRESET_BINS = {"rllib-2023": "uniform_symlog", "dreamerv3-2024": "symexp"}
 _PRESET_PARTS = {"head": "two_hot", "trunk": "mlp"}  # both presets' parts
@@ -70,7 +70,7 @@ class DemoConfig:
     `bin_scheme=None` picks the head's default: "symexp" where the head
     supports it, else the first scheme it supports.
 
-    `preset` ("rllib-2023" or "dreamerv3-2024", see `multicritic.presets`)
+    `preset` ("rllib-2023" or "dreamerv3-2024", see `multicritic.training.presets`)
     takes the preset's critic architecture (bins, norm, biases,
     initialisers; the layer count and width stay the demo size's), its
     optimizer (Adam or LaProp + AGC, on the demo's learning-rate schedule)
@@ -140,11 +140,16 @@ def check_config(config: DemoConfig, flags: Optional[dict] = None) -> None:
             fail("preset", config.preset, f"one of {list(PRESETS)}")
         for part, name in _PRESET_PARTS.items():
             if getattr(config, part) != name:
-                fail(part, getattr(config, part),
-                     f"{name!r} with {flags.get('preset', 'preset')} (the presets' {part})")
+                fail(
+                    part, getattr(config, part), f"{name!r} with {flags.get('preset', 'preset')} (the presets' {part})"
+                )
         if config.bin_scheme != _PRESET_BINS[config.preset]:
-            fail("bin_scheme", config.bin_scheme, f"{_PRESET_BINS[config.preset]!r} with "
-                 f"{flags.get('preset', 'preset')} {config.preset} (or none: the preset sets it)")
+            fail(
+                "bin_scheme",
+                config.bin_scheme,
+                f"{_PRESET_BINS[config.preset]!r} with "
+                f"{flags.get('preset', 'preset')} {config.preset} (or none: the preset sets it)",
+            )
     if config.size not in MODEL_SIZES:
         fail("size", config.size, f"one of {list(MODEL_SIZES)}")
     if config.bin_scheme not in BIN_SCHEMES:
@@ -155,8 +160,11 @@ def check_config(config: DemoConfig, flags: Optional[dict] = None) -> None:
         fail("trunk", config.trunk, f"one of {list(TRUNKS)}")
     schemes = head_bin_schemes(config.head)
     if config.bin_scheme not in schemes:
-        fail("bin_scheme", config.bin_scheme, f"one of {list(schemes)} with {flags.get('head', 'head')} "
-             f"{config.head} (the schemes the head supports)")
+        fail(
+            "bin_scheme",
+            config.bin_scheme,
+            f"one of {list(schemes)} with {flags.get('head', 'head')} {config.head} (the schemes the head supports)",
+        )
     if not _is_int(config.ensemble) or not 1 <= config.ensemble <= MAX_ENSEMBLE:
         fail("ensemble", config.ensemble, f"an integer in [1, {MAX_ENSEMBLE}]")
     if not isinstance(config.aggregation, str) or config.aggregation not in AGGREGATIONS:

@@ -101,7 +101,7 @@ def encode_states(rng: np.random.Generator, num_states: int, gru_units: int, num
         index = index // num_classes
     if index.max() > 0:
         raise ValueError(
-            f"num_states: got {num_states}, expected at most {num_classes ** num_categoricals} "
+            f"num_states: got {num_states}, expected at most {num_classes**num_categoricals} "
             f"for a {num_categoricals}x{num_classes} categorical code."
         )
     z = np.eye(num_classes, dtype=np.float32)[digits]

@@ -28,20 +28,29 @@ from typing import List, Optional, Sequence, Tuple
 import keras
 import numpy as np
 
-from multicritic import presets
-from multicritic.bins import inverse_symlog
-from multicritic.critic import CriticNetwork
-from multicritic.normalizer import ReturnNormalizer
-from multicritic.optimizers import LaProp
-from multicritic.returns import lambda_returns
+from multicritic.training import presets
+from multicritic.math.bins import inverse_symlog
+from multicritic.model.critic import CriticNetwork
+from multicritic.model.normalizer import ReturnNormalizer
+from multicritic.training.optimizers import LaProp
+from multicritic.math.returns import lambda_returns
 from multicritic.demo.config import DEFAULT_SCALES, DemoConfig, check_config, demo_mdp
 from multicritic.demo.mdp import MDP, encode_states
-from multicritic.sizes import get_model_dims
+from multicritic.model.sizes import get_model_dims
 from multicritic.training.trainer import CriticTrainer, predict_function
 
 __all__ = [
-    "DEFAULT_SCALES", "DemoConfig", "ScaleResult", "pearson", "plot", "relative_rmse", "run_demo", "spearman",
-    "summary_table", "to_json", "train_one_scale",
+    "DEFAULT_SCALES",
+    "DemoConfig",
+    "ScaleResult",
+    "pearson",
+    "plot",
+    "relative_rmse",
+    "run_demo",
+    "spearman",
+    "summary_table",
+    "to_json",
+    "train_one_scale",
 ]
 
 
@@ -134,12 +143,23 @@ class Session:
     def _new_critic(self) -> CriticNetwork:
         config, architecture = self.config, {}
         if self.options is not None:
-            dims = ("model_size", "gru_units", "dense_hidden_units", "num_dense_layers", "num_z_categoricals",
-                    "num_z_classes")
+            dims = (
+                "model_size",
+                "gru_units",
+                "dense_hidden_units",
+                "num_dense_layers",
+                "num_z_categoricals",
+                "num_z_classes",
+            )
             architecture = {k: v for k, v in self.options["critic"].items() if k not in dims}
-        return CriticNetwork(**{"bin_scheme": config.bin_scheme, **architecture}, model_size=config.size,
-                             head=config.head, trunk=config.trunk, ensemble_size=config.ensemble,
-                             aggregation=config.aggregation)
+        return CriticNetwork(
+            **{"bin_scheme": config.bin_scheme, **architecture},
+            model_size=config.size,
+            head=config.head,
+            trunk=config.trunk,
+            ensemble_size=config.ensemble,
+            aggregation=config.aggregation,
+        )
 
     def reset(self) -> None:
         """A fresh critic (the same initial weights as a new one) and a fresh trainer state."""
@@ -151,13 +171,14 @@ class Session:
         fresh = self._new_critic()
         if self.critic is not None:
             self.critic.set_weights(fresh.get_weights())
-            for var, value in zip(self.trainer.state_variables[len(self.critic.weights):], self._initial):
+            for var, value in zip(self.trainer.state_variables[len(self.critic.weights) :], self._initial):
                 var.assign(value)
             return
         trainer_options = {}
         if self.options is not None:
-            trainer_options = {k: v for k, v in self.options["trainer"].items()
-                               if k not in ("optimizer", "gamma", "lambda_")}
+            trainer_options = {
+                k: v for k, v in self.options["trainer"].items() if k not in ("optimizer", "gamma", "lambda_")
+            }
         schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, config.steps, alpha=0.02)
         if config.preset == "dreamerv3-2024":
             optimizer = LaProp(schedule)
@@ -167,13 +188,18 @@ class Session:
         self.trainer = CriticTrainer(
             fresh,
             optimizer,
-            **{"gamma": config.gamma, "lambda_": config.lambda_, "jit_compile": self.jit_compile,
-               "seed": config.seed if config.aggregation == "min_of_random" else None, **trainer_options},
+            **{
+                "gamma": config.gamma,
+                "lambda_": config.lambda_,
+                "jit_compile": self.jit_compile,
+                "seed": config.seed if config.aggregation == "min_of_random" else None,
+                **trainer_options,
+            },
         )
-        self._initial = [np.array(keras.ops.convert_to_numpy(v.value))
-                         for v in self.trainer.state_variables[len(fresh.weights):]]
+        self._initial = [
+            np.array(keras.ops.convert_to_numpy(v.value)) for v in self.trainer.state_variables[len(fresh.weights) :]
+        ]
         self.predict = predict_function(fresh)
-
 
     def train_on_dream(self, *batch):
         """One step. Where the step cannot be compiled here (PyTorch's inductor without a C++ compiler, say),
@@ -184,8 +210,11 @@ class Session:
         except Exception as err:  # whatever the compiler raised; a second failure is raised
             if self._stepped or self.jit_compile is not True:
                 raise
-            warnings.warn(f"multicritic demo: the step could not be compiled ({err}); it runs as "
-                          "jit_compile='auto' does.", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"multicritic demo: the step could not be compiled ({err}); it runs as jit_compile='auto' does.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self.jit_compile, self.critic = "auto", None
             self.reset()
             metrics = self.trainer.train_on_dream(*batch)
@@ -193,8 +222,9 @@ class Session:
         return metrics
 
 
-def train_one_scale(config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True,
-                    session: Optional[Session] = None) -> ScaleResult:
+def train_one_scale(
+    config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True, session: Optional[Session] = None
+) -> ScaleResult:
     """Trains a fresh critic on `mdp` (through `session`'s critic and trainer, reset first, when given)."""
     rng = np.random.default_rng(config.seed + 1)
     session = Session(config) if session is None else session
@@ -281,9 +311,11 @@ def summary_table(results: Sequence[ScaleResult]) -> str:
             line += f"  {_fmt(r.return_scale, '.4g', 14)}  {_fmt(ratio, '.4g', 16)}"
         if ensemble:
             spread = None if r.relative_member_spread is None else 100 * r.relative_member_spread
-            line += (f"  {_fmt(spread, '.2f', 11, '%')}"
-                     f"  {_fmt(r.member_spread_error_pearson, '.3f', 14)}"
-                     f"  {_fmt(r.member_spread_error_spearman, '.3f', 8)}")
+            line += (
+                f"  {_fmt(spread, '.2f', 11, '%')}"
+                f"  {_fmt(r.member_spread_error_pearson, '.3f', 14)}"
+                f"  {_fmt(r.member_spread_error_spearman, '.3f', 8)}"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -297,8 +329,11 @@ def to_json(config: DemoConfig, results: Sequence[ScaleResult], include_values: 
             item.pop("learned_values")
             item.pop("member_spreads")
         scales.append(item)
-    return {"backend": keras.backend.backend(), "config": asdict(config) | {"scales": list(config.scales)},
-            "scales": scales}
+    return {
+        "backend": keras.backend.backend(),
+        "config": asdict(config) | {"scales": list(config.scales)},
+        "scales": scales,
+    }
 
 
 def plot(results: Sequence[ScaleResult], path: str, title: Optional[str] = None) -> None:

@@ -8,8 +8,8 @@ from typing import Optional, Tuple
 import keras
 from keras import ops
 
-from multicritic import backend
-from multicritic.bins import bucket_range, bucket_values, check_bin_args, expected_value
+from multicritic.backend import contract as backend
+from multicritic.math.bins import bucket_range, bucket_values, check_bin_args, expected_value
 from multicritic.heads import HEADS
 from multicritic.layers.mlp import dense_layer
 from multicritic.layers.dispatch import call_layer
@@ -42,7 +42,7 @@ class ValueHead(keras.layers.Layer):
         num_buckets: buckets of the distribution (>= 2).
         lower_bound: symlog-space lower end of the support.
         upper_bound: symlog-space upper end of the support.
-        bin_scheme: `"uniform_symlog"` or `"symexp"` (see `multicritic.bins`).
+        bin_scheme: `"uniform_symlog"` or `"symexp"` (see `multicritic.math.bins`).
         members: `None`, or the ensemble size `K` (stacked output weights).
         **kwargs: passed to `keras.layers.Layer`.
 
@@ -108,8 +108,9 @@ class ValueHead(keras.layers.Layer):
 
     def decode(self, logits):
         """The expected value in symlog space of `logits [..., units]`: `[...]`."""
-        return expected_value(backend.current().softmax(logits), self.num_buckets, self.lower_bound,
-                              self.upper_bound, self.bin_scheme)
+        return expected_value(
+            backend.current().softmax(logits), self.num_buckets, self.lower_bound, self.upper_bound, self.bin_scheme
+        )
 
     def position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer):
         """Per-position `(value_term, ema_term)`, each `[...]`, for finite real-space `value_targets`.
@@ -120,14 +121,14 @@ class ValueHead(keras.layers.Layer):
         """
         raise NotImplementedError
 
-    def weighted_position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer,
-                                 ema_weight):
+    def weighted_position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, ema_weight):
         """`(value_term + ema_weight * ema_term, value_term, ema_term)` of `position_losses` (the first is
         `value_term` when `ema_term` is None). A head whose two terms come from shared work may override it to
         sum them in one reduction: the first is the term the loss differentiates, so its gradient then has no
         slices to pad back."""
-        value_term, ema_term = self.position_losses(logits, value_targets, ema_value_symlog, ema_logits,
-                                                    regularizer=regularizer)
+        value_term, ema_term = self.position_losses(
+            logits, value_targets, ema_value_symlog, ema_logits, regularizer=regularizer
+        )
         if ema_term is None:
             return value_term, value_term, None
         return value_term + (ema_term if ema_weight == 1.0 else ema_weight * ema_term), value_term, ema_term

@@ -9,8 +9,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend
-from multicritic.bins import check_bin_args, constant, symlog
+from multicritic.backend import contract as backend
+from multicritic.math.bins import check_bin_args, constant, symlog
 from multicritic.heads.base import ValueHead, cross_entropy
 from multicritic.validation import number
 
@@ -26,8 +26,9 @@ def _edges(num_buckets, lower_bound, upper_bound):
     return tuple(float(e) for e in edges.astype(np.float32)), width
 
 
-def check_sigma(sigma, num_buckets: int = 255, lower_bound: float = -20.0, upper_bound: float = 20.0,
-                name: str = "hl_gauss_sigma") -> float:
+def check_sigma(
+    sigma, num_buckets: int = 255, lower_bound: float = -20.0, upper_bound: float = 20.0, name: str = "hl_gauss_sigma"
+) -> float:
     """`sigma` as a float if its histograms are finite in float32 on this support, else a `ValueError`.
 
     The histogram takes `erf((edge - value) * scale)` with `scale = 1 / (sigma * width * sqrt(2))`, for
@@ -50,8 +51,9 @@ def check_sigma(sigma, num_buckets: int = 255, lower_bound: float = -20.0, upper
     return sigma
 
 
-def hl_gauss(values_symlog, num_buckets: int = 255, lower_bound: float = -20.0, upper_bound: float = 20.0,
-             sigma: float = 0.75):
+def hl_gauss(
+    values_symlog, num_buckets: int = 255, lower_bound: float = -20.0, upper_bound: float = 20.0, sigma: float = 0.75
+):
     """Histogram loss targets: the mass of `N(clip(value), (sigma * width)^2)` in each bucket.
 
     Buckets are the uniform symlog grid (`num_buckets` centres from
@@ -125,8 +127,13 @@ class HLGaussHead(ValueHead):
     """
 
     def __init__(self, *, sigma: float = 0.75, **kwargs):
-        self.sigma = check_sigma(sigma, kwargs.get("num_buckets", 255), kwargs.get("lower_bound", -20.0),
-                                 kwargs.get("upper_bound", 20.0), name="sigma")
+        self.sigma = check_sigma(
+            sigma,
+            kwargs.get("num_buckets", 255),
+            kwargs.get("lower_bound", -20.0),
+            kwargs.get("upper_bound", 20.0),
+            name="sigma",
+        )
         super().__init__(**kwargs)
 
     def position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer):

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic.bins import inverse_symlog, symlog as symlog_fn
+from multicritic.math.bins import inverse_symlog, symlog as symlog_fn
 from multicritic.heads.base import ValueHead
 
 

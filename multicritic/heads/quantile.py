@@ -8,7 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic.bins import constant, symlog
+from multicritic.math.bins import constant, symlog
 from multicritic.heads.base import ValueHead
 from multicritic.validation import integer, number
 

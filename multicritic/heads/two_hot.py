@@ -5,8 +5,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from multicritic import backend
-from multicritic.bins import inverse_symlog, symlog, two_hot_indices
+from multicritic.backend import contract as backend
+from multicritic.math.bins import inverse_symlog, symlog, two_hot_indices
 from multicritic.heads.base import ValueHead, cross_entropy
 
 
@@ -23,14 +23,14 @@ class TwoHotHead(ValueHead):
     `RewardPredictorLayer`, the reference's name for it, is the same class.
 
     Its loss is the cross-entropy to the two-hot encoding of the target
-    (`multicritic.bins.two_hot`), computed from the two non-zero buckets.
+    (`multicritic.math.bins.two_hot`), computed from the two non-zero buckets.
 
     Args:
         num_buckets: number of buckets (>= 2; 255 in DreamerV3).
         lower_bound: symlog-space lower end of the support.
         upper_bound: symlog-space upper end of the support.
         bin_scheme: `"uniform_symlog"` (reference, 2023) or `"symexp"`
-            (2024: real-space buckets, symmetric decode). See `multicritic.bins`.
+            (2024: real-space buckets, symmetric decode). See `multicritic.math.bins`.
         members: `None`, or the ensemble size `K` (stacked output weights).
         **kwargs: passed to `keras.layers.Layer`.
 
@@ -54,13 +54,17 @@ class TwoHotHead(ValueHead):
 
     def position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer):
         _, value_term, ema_term = self.weighted_position_losses(
-            logits, value_targets, ema_value_symlog, ema_logits, regularizer=regularizer, ema_weight=1.0)
+            logits, value_targets, ema_value_symlog, ema_logits, regularizer=regularizer, ema_weight=1.0
+        )
         return value_term, ema_term
 
-    def weighted_position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer,
-                                 ema_weight):
-        num_buckets, lower_bound, upper_bound, bin_scheme = (self.num_buckets, self.lower_bound, self.upper_bound,
-                                                             self.bin_scheme)
+    def weighted_position_losses(self, logits, value_targets, ema_value_symlog, ema_logits, *, regularizer, ema_weight):
+        num_buckets, lower_bound, upper_bound, bin_scheme = (
+            self.num_buckets,
+            self.lower_bound,
+            self.upper_bound,
+            self.bin_scheme,
+        )
         logp = backend.current().log_softmax(logits)
         two_hot_ema = ema_value_symlog is not None and regularizer == "two_hot_mean"
         # Both two-hot targets at once, in the space the scheme interpolates in.
@@ -68,8 +72,10 @@ class TwoHotHead(ValueHead):
             targets_in_space, ema_in_space = symlog(value_targets), ema_value_symlog
         else:
             targets_in_space = value_targets
-            ema_in_space = None if ema_value_symlog is None else inverse_symlog(
-                ops.clip(ema_value_symlog, lower_bound, upper_bound)
+            ema_in_space = (
+                None
+                if ema_value_symlog is None
+                else inverse_symlog(ops.clip(ema_value_symlog, lower_bound, upper_bound))
             )
         both = ops.stack([targets_in_space, ema_in_space], axis=-1) if two_hot_ema else targets_in_space[..., None]
         k, kp1, w_k, w_kp1 = two_hot_indices(
@@ -94,7 +100,6 @@ class TwoHotHead(ValueHead):
             ema_term = cross_entropy(ops.stop_gradient(backend.current().softmax(ema_logits)), logp)
             return value_term + (ema_term if ema_weight == 1.0 else ema_weight * ema_term), value_term, ema_term
         return value_term, value_term, None
-
 
 
 # Keras names a layer's arrays in weight files and `.keras` archives after its class's `__name__`: the head keeps

@@ -9,14 +9,37 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import critic_options, heads, integrity, members, trunks
+from multicritic import heads, trunks
 
 # The two architectures the codebases share (with their `input_layout`): the 2023 paper's (RLlib, sheeprl,
+
+from multicritic.model import options as critic_options
+
+from multicritic.files import integrity
+
+from multicritic.model import members
+
 # NM512) and the official 2024 code's (TorchRL follows it).
-ARCHITECTURE_2023 = dict(norm="layer", norm_epsilon=1e-3, use_bias=False, bin_scheme="uniform_symlog",
-                         lower_bound=-20.0, upper_bound=20.0, head="two_hot", trunk="mlp")
-ARCHITECTURE_2024 = dict(norm="rms", norm_epsilon=1e-4, use_bias=True, bin_scheme="symexp", lower_bound=-20.0,
-                         upper_bound=20.0, head="two_hot", trunk="mlp")
+ARCHITECTURE_2023 = dict(
+    norm="layer",
+    norm_epsilon=1e-3,
+    use_bias=False,
+    bin_scheme="uniform_symlog",
+    lower_bound=-20.0,
+    upper_bound=20.0,
+    head="two_hot",
+    trunk="mlp",
+)
+ARCHITECTURE_2024 = dict(
+    norm="rms",
+    norm_epsilon=1e-4,
+    use_bias=True,
+    bin_scheme="symexp",
+    lower_bound=-20.0,
+    upper_bound=20.0,
+    head="two_hot",
+    trunk="mlp",
+)
 # The critic's parts, compared as the specs its config holds.
 _PARTS = {"head": (heads.HEADS, critic_options.support_of), "trunk": (trunks.TRUNKS, critic_options.trunk_options_of)}
 # Not compared on load (it only says how new weights are drawn): the official fan-in truncated normal.
@@ -56,7 +79,7 @@ def unwrap(state, wrappers=_WRAPPERS, unwrapped: Optional[Callable[[Mapping], bo
         changed = False
         for prefix in wrappers:
             if all(isinstance(k, str) and k.startswith(prefix) for k in state):
-                state = {k[len(prefix):]: v for k, v in state.items()}
+                state = {k[len(prefix) :]: v for k, v in state.items()}
                 changed = True
                 break
     return state
@@ -64,7 +87,7 @@ def unwrap(state, wrappers=_WRAPPERS, unwrapped: Optional[Callable[[Mapping], bo
 
 def check_critic(critic) -> None:
     """A built `CriticNetwork`, else a `ValueError` naming `critic`."""
-    from multicritic.critic import CriticNetwork
+    from multicritic.model.critic import CriticNetwork
 
     if not isinstance(critic, CriticNetwork):
         raise ValueError(f"critic: got a {type(critic).__name__}, expected a CriticNetwork.")
@@ -177,26 +200,48 @@ def export(critic, layout: List[Entry], member=None) -> Tuple[Dict[str, np.ndarr
     for entry in layout:
         for index, state in ((1, out[0]), (2, out[1])):
             var = entry[index]
-            value = (members.member_value(var, member) if member is not None
-                     else np.asarray(ops.convert_to_numpy(var.value)))
+            value = (
+                members.member_value(var, member) if member is not None else np.asarray(ops.convert_to_numpy(var.value))
+            )
             state[entry[0]] = np.ascontiguousarray(value.T if entry[3] else value)
     return out
 
 
-def build(load_fn, key: Callable[[str, int], str], transpose: bool, fast: Mapping, *, gru_units: int,
-          num_z_categoricals: int, num_z_classes: int, options: Mapping, what: str, **kwargs):
+def build(
+    load_fn,
+    key: Callable[[str, int], str],
+    transpose: bool,
+    fast: Mapping,
+    *,
+    gru_units: int,
+    num_z_categoricals: int,
+    num_z_classes: int,
+    options: Mapping,
+    what: str,
+    **kwargs,
+):
     """A `CriticNetwork` sized from an upstream state (layers counted, width read from the first kernel) with
     `options`, loaded through `load_fn(critic)`; Python's `random` state is as it was before."""
-    from multicritic.critic import CriticNetwork
+    from multicritic.model.critic import CriticNetwork
 
     if not isinstance(fast, Mapping) or key("kernel", 0) not in fast:
         raise ValueError(f"{what}: expected a mapping holding {key('kernel', 0)!r} (the first hidden kernel).")
-    fixed = {"model_size", "num_dense_layers", "dense_hidden_units", "gru_units", "num_z_categoricals",
-             "num_z_classes", "num_buckets", *options}
+    fixed = {
+        "model_size",
+        "num_dense_layers",
+        "dense_hidden_units",
+        "gru_units",
+        "num_z_categoricals",
+        "num_z_classes",
+        "num_buckets",
+        *options,
+    }
     clash = sorted(set(kwargs) & fixed)
     if clash:
-        raise ValueError(f"{clash[0]}: got {kwargs[clash[0]]!r}, expected no {clash[0]}: the sizes come from the "
-                         "state and the architecture options from the codebase (CRITIC_OPTIONS).")
+        raise ValueError(
+            f"{clash[0]}: got {kwargs[clash[0]]!r}, expected no {clash[0]}: the sizes come from the "
+            "state and the architecture options from the codebase (CRITIC_OPTIONS)."
+        )
     layers = 0
     while key("kernel", layers) in fast and key("scale", layers) in fast:  # a hidden layer has a norm
         layers += 1
@@ -211,9 +256,17 @@ def build(load_fn, key: Callable[[str, int], str], transpose: bool, fast: Mappin
     # host's stream (a training loop's) is left as it was.
     python_random = random.getstate()
     try:
-        critic = CriticNetwork(model_size=None, num_dense_layers=layers, dense_hidden_units=int(units),
-                               gru_units=gru_units, num_z_categoricals=num_z_categoricals,
-                               num_z_classes=num_z_classes, num_buckets=int(head.shape[0]), **options, **kwargs)
+        critic = CriticNetwork(
+            model_size=None,
+            num_dense_layers=layers,
+            dense_hidden_units=int(units),
+            gru_units=gru_units,
+            num_z_categoricals=num_z_categoricals,
+            num_z_classes=num_z_classes,
+            num_buckets=int(head.shape[0]),
+            **options,
+            **kwargs,
+        )
     finally:
         random.setstate(python_random)
     load_fn(critic)
@@ -224,6 +277,8 @@ def view_layouts(critic, layout: List[Entry]):
     """`(fast, ema)` layouts for `critic.fast_module(layout=...)` / `ema_module(layout=...)`: `[(upstream key,
     variable, transpose), ...]`. A single critic only: a host's critic is one member of an ensemble."""
     if critic.ensemble_size != 1:
-        raise ValueError(f"critic: got an ensemble of {critic.ensemble_size}; a host's module views hold a single "
-                         "critic (ensemble_size=1). Export one member instead (`member=`).")
+        raise ValueError(
+            f"critic: got an ensemble of {critic.ensemble_size}; a host's module views hold a single "
+            "critic (ensemble_size=1). Export one member instead (`member=`)."
+        )
     return [(k, fast, t) for k, fast, _, t in layout], [(k, ema, t) for k, _, ema, t in layout]

@@ -15,7 +15,7 @@ initialised to zero: `outscale=0`); hidden kernels `trunc_normal_in`
 (fan-in truncated normal). The value head's input is
 `concat([deter, flatten(stoch)])` (`agent.py` `feat2tensor`): h first, our
 `input_layout="h_z"`. The size presets change only the width
-(`multicritic.sizes.OFFICIAL_2024_SIZES`).
+(`multicritic.model.sizes.OFFICIAL_2024_SIZES`).
 
 The slow critic: `SlowModel(rate=0.02, every=1)` copies the fast critic on
 first use, then mixes `rate` every `every` updates after each optimizer
@@ -37,16 +37,19 @@ _BUILDER = "CriticNetwork(..., **multicritic.interop.dreamerv3.CRITIC_OPTIONS)"
 
 def _key(kind: str, i: int) -> str:
     return {
-        "kernel": f"mlp/linear{i}/kernel", "bias": f"mlp/linear{i}/bias", "scale": f"mlp/norm{i}/scale",
-        "head_kernel": "head/logits/kernel", "head_bias": "head/logits/bias",
+        "kernel": f"mlp/linear{i}/kernel",
+        "bias": f"mlp/linear{i}/bias",
+        "scale": f"mlp/norm{i}/scale",
+        "head_kernel": "head/logits/kernel",
+        "head_bias": "head/logits/bias",
     }[kind]
 
 
 def _split(params: Mapping, what: str):
     if not isinstance(params, Mapping):
         raise ValueError(f"{what}: got a {type(params).__name__}, expected the agent's parameters as a flat dict.")
-    fast = {k[len("val/"):]: v for k, v in params.items() if k.startswith("val/")}
-    slow = {k[len("slowval/"):]: v for k, v in params.items() if k.startswith("slowval/")}
+    fast = {k[len("val/") :]: v for k, v in params.items() if k.startswith("val/")}
+    slow = {k[len("slowval/") :]: v for k, v in params.items() if k.startswith("slowval/")}
     return fast, slow or None
 
 
@@ -76,12 +79,26 @@ def dreamerv3_critic(params: Mapping, *, gru_units: int, num_z_categoricals: int
     """A `CriticNetwork` of the official value critic's size, its weights loaded from `params`
     (`gru_units` is the official `deter`, `num_z_categoricals` / `num_z_classes` its `stoch` / `classes`)."""
     fast, _ = _split(params, "params")
-    return _common.build(lambda critic: load_dreamerv3(critic, params), _key, False, fast, gru_units=gru_units,
-                         num_z_categoricals=num_z_categoricals, num_z_classes=num_z_classes, options=CRITIC_OPTIONS,
-                         what="params (val/)", **kwargs)
+    return _common.build(
+        lambda critic: load_dreamerv3(critic, params),
+        _key,
+        False,
+        fast,
+        gru_units=gru_units,
+        num_z_categoricals=num_z_categoricals,
+        num_z_classes=num_z_classes,
+        options=CRITIC_OPTIONS,
+        what="params (val/)",
+        **kwargs,
+    )
 
 
 ADAPTER = HostAdapter(
-    name="dreamerv3", title="the official JAX code (2024)", options=CRITIC_OPTIONS,
+    name="dreamerv3",
+    title="the official JAX code (2024)",
+    options=CRITIC_OPTIONS,
     load=lambda critic, state, member=None: load_dreamerv3(critic, state, member),
-    export=export_dreamerv3, build=dreamerv3_critic, key=_key)
+    export=export_dreamerv3,
+    build=dreamerv3_critic,
+    key=_key,
+)

@@ -40,8 +40,11 @@ _BUILDER = "CriticNetwork(..., **multicritic.interop.nm512.CRITIC_OPTIONS)"
 
 def _key(kind: str, i: int, name: str = "Value") -> str:
     return {
-        "kernel": f"layers.{name}_linear{i}.weight", "scale": f"layers.{name}_norm{i}.weight",
-        "offset": f"layers.{name}_norm{i}.bias", "head_kernel": "mean_layer.weight", "head_bias": "mean_layer.bias",
+        "kernel": f"layers.{name}_linear{i}.weight",
+        "scale": f"layers.{name}_norm{i}.weight",
+        "offset": f"layers.{name}_norm{i}.bias",
+        "head_kernel": "mean_layer.weight",
+        "head_bias": "mean_layer.bias",
     }[kind]
 
 
@@ -50,13 +53,18 @@ def _layout(critic):
     return _common.entries(critic, _key, transpose=True)
 
 
-def load_nm512(critic, value_state: Mapping, slow_value_state: Optional[Mapping] = None,
-               member: Optional[int] = None) -> None:
+def load_nm512(
+    critic, value_state: Mapping, slow_value_state: Optional[Mapping] = None, member: Optional[int] = None
+) -> None:
     """Loads `ImagBehavior.value.state_dict()` (and `_slow_value.state_dict()`; without it the EMA copy
     becomes the fast critic) into `critic`, all or nothing (keys prefixed by a torch.compile / DDP / Fabric
     wrapper are accepted)."""
-    _common.load(critic, _layout(critic), {"value_state": _common.unwrap(value_state),
-                                           "slow_value_state": _common.unwrap(slow_value_state)}, member)
+    _common.load(
+        critic,
+        _layout(critic),
+        {"value_state": _common.unwrap(value_state), "slow_value_state": _common.unwrap(slow_value_state)},
+        member,
+    )
 
 
 def export_nm512(critic, member: Optional[int] = None) -> Tuple[Dict[str, object], Dict[str, object]]:
@@ -65,14 +73,29 @@ def export_nm512(critic, member: Optional[int] = None) -> Tuple[Dict[str, object
     return _common.export(critic, _layout(critic), member)
 
 
-def nm512_critic(value_state: Mapping, slow_value_state: Optional[Mapping] = None, *, gru_units: int,
-                 num_z_categoricals: int, num_z_classes: int, **kwargs):
+def nm512_critic(
+    value_state: Mapping,
+    slow_value_state: Optional[Mapping] = None,
+    *,
+    gru_units: int,
+    num_z_categoricals: int,
+    num_z_classes: int,
+    **kwargs,
+):
     """A `CriticNetwork` of NM512's critic size, loaded (`gru_units` = `dyn_deter`, `num_z_categoricals` =
     `dyn_stoch`, `num_z_classes` = `dyn_discrete`)."""
-    return _common.build(lambda critic: load_nm512(critic, value_state, slow_value_state), _key, True,
-                         _common.unwrap(value_state),
-                         gru_units=gru_units, num_z_categoricals=num_z_categoricals, num_z_classes=num_z_classes,
-                         options=CRITIC_OPTIONS, what="value_state", **kwargs)
+    return _common.build(
+        lambda critic: load_nm512(critic, value_state, slow_value_state),
+        _key,
+        True,
+        _common.unwrap(value_state),
+        gru_units=gru_units,
+        num_z_categoricals=num_z_categoricals,
+        num_z_classes=num_z_classes,
+        options=CRITIC_OPTIONS,
+        what="value_state",
+        **kwargs,
+    )
 
 
 def nm512_modules(critic, outputs: str = "logits"):
@@ -112,7 +135,12 @@ def nm512_modules(critic, outputs: str = "logits"):
 
 
 ADAPTER = HostAdapter(
-    name="nm512", title="NM512/dreamerv3-torch", options=CRITIC_OPTIONS,
+    name="nm512",
+    title="NM512/dreamerv3-torch",
+    options=CRITIC_OPTIONS,
     load=lambda critic, state, member=None: load_nm512(critic, *state, member=member),
-    export=export_nm512, build=lambda state, **sizes: nm512_critic(*state, **sizes), modules=nm512_modules,
-    key=_key)
+    export=export_nm512,
+    build=lambda state, **sizes: nm512_critic(*state, **sizes),
+    modules=nm512_modules,
+    key=_key,
+)

@@ -37,8 +37,10 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import keras
 import numpy as np
 
-from multicritic import integrity, members
-from multicritic.critic import CriticNetwork
+from multicritic.files import integrity
+
+from multicritic.model import members
+from multicritic.model.critic import CriticNetwork
 from multicritic.interop import _common
 from multicritic.interop.adapter import HostAdapter
 
@@ -99,8 +101,9 @@ def load_rllib_weights(critic: CriticNetwork, weights: Sequence, member=None) ->
     _check_member(critic, member)
     pairs = _ordered(critic)
     if weights is None or isinstance(weights, (str, bytes, Mapping, np.ndarray)) or not hasattr(weights, "__iter__"):
-        raise ValueError(f"weights: got a {type(weights).__name__}, expected a list of arrays (RLlib's "
-                         "CriticNetwork.get_weights()).")
+        raise ValueError(
+            f"weights: got a {type(weights).__name__}, expected a list of arrays (RLlib's CriticNetwork.get_weights())."
+        )
     weights = list(weights)
     if len(weights) != len(pairs):
         raise ValueError(
@@ -133,8 +136,10 @@ def export_rllib_weights(critic: CriticNetwork, member=None) -> List[np.ndarray]
 
 def _torch_key(kind: str, i: int) -> str:
     return {
-        "kernel": f"mlp._net.{3 * i}.weight", "scale": f"mlp._net.{3 * i + 1}.weight",
-        "offset": f"mlp._net.{3 * i + 1}.bias", "head_kernel": "return_layer.reward_buckets_layer.weight",
+        "kernel": f"mlp._net.{3 * i}.weight",
+        "scale": f"mlp._net.{3 * i + 1}.weight",
+        "offset": f"mlp._net.{3 * i + 1}.bias",
+        "head_kernel": "return_layer.reward_buckets_layer.weight",
         "head_bias": "return_layer.reward_buckets_layer.bias",
     }[kind]
 
@@ -143,7 +148,7 @@ def _swap_prefix(key: str, pairs) -> str:
     """`key` with the first matching `(old, new)` prefix of `pairs` replaced."""
     for old, new in pairs:
         if key.startswith(old):
-            return new + key[len(old):]
+            return new + key[len(old) :]
     return key
 
 
@@ -175,12 +180,22 @@ def export_rllib_torch(critic: CriticNetwork, member: Optional[int] = None) -> D
     return {**fast, **{_swap_prefix(k, _EMA_PREFIXES): v for k, v in slow.items()}}
 
 
-def rllib_torch_critic(state_dict: Mapping, *, gru_units: int, num_z_categoricals: int, num_z_classes: int,
-                       **kwargs) -> CriticNetwork:
+def rllib_torch_critic(
+    state_dict: Mapping, *, gru_units: int, num_z_categoricals: int, num_z_classes: int, **kwargs
+) -> CriticNetwork:
     """A `CriticNetwork` of the RLlib PyTorch critic's size, loaded from its `state_dict()`."""
-    return _common.build(lambda critic: load_rllib_torch(critic, state_dict), _torch_key, True,
-                         _common.unwrap(state_dict), gru_units=gru_units, num_z_categoricals=num_z_categoricals,
-                         num_z_classes=num_z_classes, options=CRITIC_OPTIONS, what="state_dict", **kwargs)
+    return _common.build(
+        lambda critic: load_rllib_torch(critic, state_dict),
+        _torch_key,
+        True,
+        _common.unwrap(state_dict),
+        gru_units=gru_units,
+        num_z_categoricals=num_z_categoricals,
+        num_z_classes=num_z_classes,
+        options=CRITIC_OPTIONS,
+        what="state_dict",
+        **kwargs,
+    )
 
 
 def rllib_torch_module(critic: CriticNetwork):
@@ -203,10 +218,19 @@ def rllib_torch_module(critic: CriticNetwork):
 
 
 ADAPTER = HostAdapter(
-    name="rllib", title="RLlib TensorFlow (ray <= 2.48)", options=CRITIC_OPTIONS,
+    name="rllib",
+    title="RLlib TensorFlow (ray <= 2.48)",
+    options=CRITIC_OPTIONS,
     load=lambda critic, state, member=None: load_rllib_weights(critic, state, member),
-    export=export_rllib_weights)
+    export=export_rllib_weights,
+)
 TORCH_ADAPTER = HostAdapter(
-    name="rllib_torch", title="RLlib PyTorch (ray >= 2.49)", options=CRITIC_OPTIONS,
+    name="rllib_torch",
+    title="RLlib PyTorch (ray >= 2.49)",
+    options=CRITIC_OPTIONS,
     load=lambda critic, state, member=None: load_rllib_torch(critic, state, member),
-    export=export_rllib_torch, build=rllib_torch_critic, modules=rllib_torch_module, key=_torch_key)
+    export=export_rllib_torch,
+    build=rllib_torch_critic,
+    modules=rllib_torch_module,
+    key=_torch_key,
+)

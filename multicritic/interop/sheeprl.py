@@ -37,8 +37,10 @@ _BUILDER = "CriticNetwork(..., **multicritic.interop.sheeprl.CRITIC_OPTIONS)"
 
 def _key(kind: str, i: int) -> str:
     return {
-        "kernel": f"_model.{3 * i}.weight", "scale": f"_model.{3 * i + 1}.weight",
-        "offset": f"_model.{3 * i + 1}.bias", "head_kernel": f"_model.{3 * i}.weight",
+        "kernel": f"_model.{3 * i}.weight",
+        "scale": f"_model.{3 * i + 1}.weight",
+        "offset": f"_model.{3 * i + 1}.bias",
+        "head_kernel": f"_model.{3 * i}.weight",
         "head_bias": f"_model.{3 * i}.bias",
     }[kind]
 
@@ -48,13 +50,18 @@ def _layout(critic):
     return _common.entries(critic, _key, transpose=True)
 
 
-def load_sheeprl(critic, critic_state: Mapping, target_critic_state: Optional[Mapping] = None,
-                 member: Optional[int] = None) -> None:
+def load_sheeprl(
+    critic, critic_state: Mapping, target_critic_state: Optional[Mapping] = None, member: Optional[int] = None
+) -> None:
     """Loads sheeprl's `critic.state_dict()` (and `target_critic.state_dict()`; without it the EMA copy
     becomes the critic, as sheeprl's deepcopy) into `critic`, all or nothing (a sheeprl checkpoint holds them
     as `state["critic"]` and `state["target_critic"]`)."""
-    _common.load(critic, _layout(critic), {"critic_state": _common.unwrap(critic_state),
-                                           "target_critic_state": _common.unwrap(target_critic_state)}, member)
+    _common.load(
+        critic,
+        _layout(critic),
+        {"critic_state": _common.unwrap(critic_state), "target_critic_state": _common.unwrap(target_critic_state)},
+        member,
+    )
 
 
 def export_sheeprl(critic, member: Optional[int] = None) -> Tuple[Dict[str, object], Dict[str, object]]:
@@ -62,13 +69,29 @@ def export_sheeprl(critic, member: Optional[int] = None) -> Tuple[Dict[str, obje
     return _common.export(critic, _layout(critic), member)
 
 
-def sheeprl_critic(critic_state: Mapping, target_critic_state: Optional[Mapping] = None, *, gru_units: int,
-                   num_z_categoricals: int, num_z_classes: int, **kwargs):
+def sheeprl_critic(
+    critic_state: Mapping,
+    target_critic_state: Optional[Mapping] = None,
+    *,
+    gru_units: int,
+    num_z_categoricals: int,
+    num_z_classes: int,
+    **kwargs,
+):
     """A `CriticNetwork` of sheeprl's critic size, loaded (`gru_units` = `recurrent_state_size`,
     `num_z_categoricals` = `stochastic_size`, `num_z_classes` = `discrete_size`)."""
-    return _common.build(lambda critic: load_sheeprl(critic, critic_state, target_critic_state), _key, True,
-                         _common.unwrap(critic_state), gru_units=gru_units, num_z_categoricals=num_z_categoricals,
-                         num_z_classes=num_z_classes, options=CRITIC_OPTIONS, what="critic_state", **kwargs)
+    return _common.build(
+        lambda critic: load_sheeprl(critic, critic_state, target_critic_state),
+        _key,
+        True,
+        _common.unwrap(critic_state),
+        gru_units=gru_units,
+        num_z_categoricals=num_z_categoricals,
+        num_z_classes=num_z_classes,
+        options=CRITIC_OPTIONS,
+        what="critic_state",
+        **kwargs,
+    )
 
 
 def sheeprl_modules(critic, outputs: str = "logits"):
@@ -111,7 +134,12 @@ def sheeprl_modules(critic, outputs: str = "logits"):
 
 
 ADAPTER = HostAdapter(
-    name="sheeprl", title="sheeprl 0.8.4", options=CRITIC_OPTIONS,
+    name="sheeprl",
+    title="sheeprl 0.8.4",
+    options=CRITIC_OPTIONS,
     load=lambda critic, state, member=None: load_sheeprl(critic, *state, member=member),
-    export=export_sheeprl, build=lambda state, **sizes: sheeprl_critic(*state, **sizes), modules=sheeprl_modules,
-    key=_key)
+    export=export_sheeprl,
+    build=lambda state, **sizes: sheeprl_critic(*state, **sizes),
+    modules=sheeprl_modules,
+    key=_key,
+)

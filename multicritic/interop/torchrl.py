@@ -32,7 +32,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from multicritic.bins import bucket_values
+from multicritic.math.bins import bucket_values
 from multicritic.interop import _common
 from multicritic.interop.adapter import HostAdapter
 
@@ -45,10 +45,16 @@ _LOSS_PREFIXES = ("value_model_params.", "target_value_model_params.")
 
 
 def _key(kind: str, i: int) -> str:
-    return _PREFIX + {
-        "kernel": f"{3 * i}.weight", "bias": f"{3 * i}.bias", "scale": f"{3 * i + 1}.weight",
-        "head_kernel": f"{3 * i}.weight", "head_bias": f"{3 * i}.bias",
-    }[kind]
+    return (
+        _PREFIX
+        + {
+            "kernel": f"{3 * i}.weight",
+            "bias": f"{3 * i}.bias",
+            "scale": f"{3 * i + 1}.weight",
+            "head_kernel": f"{3 * i}.weight",
+            "head_bias": f"{3 * i}.bias",
+        }[kind]
+    )
 
 
 def _layout(critic):
@@ -78,14 +84,17 @@ def _weights(critic, state, what):
         raise ValueError(f"{what}: {BINS_KEY}: got dtype {bins.dtype}, expected a real number array.")
     bins = bins.astype(np.float64)
     want = bucket_values(critic.num_buckets, critic.lower_bound, critic.upper_bound, critic.bin_scheme)
-    these = f"this critic's {critic.num_buckets} {critic.bin_scheme} bins over [{critic.lower_bound}, " \
-            f"{critic.upper_bound}]"
+    these = (
+        f"this critic's {critic.num_buckets} {critic.bin_scheme} bins over [{critic.lower_bound}, {critic.upper_bound}]"
+    )
     if bins.shape != want.shape:
         raise ValueError(f"{what}: {BINS_KEY}: got shape {list(bins.shape)}, expected {list(want.shape)} ({these}).")
     off = np.flatnonzero(~np.isclose(bins, want, rtol=1e-6, atol=0.0))
     if off.size:
-        raise ValueError(f"{what}: {BINS_KEY}: got {off.size} bin(s) that differ from {these}, the first "
-                         f"{bins[off[0]]!r} at {int(off[0])}; expected {want[off[0]]!r} (to rtol 1e-6).")
+        raise ValueError(
+            f"{what}: {BINS_KEY}: got {off.size} bin(s) that differ from {these}, the first "
+            f"{bins[off[0]]!r} at {int(off[0])}; expected {want[off[0]]!r} (to rtol 1e-6)."
+        )
     return {k: v for k, v in state.items() if k != BINS_KEY}
 
 
@@ -93,12 +102,13 @@ def _split_loss_state(state):
     """A `DreamerV3ValueLoss` state dict -> `(value_state, target_state)`; a value model's -> `(state, None)`."""
     if not isinstance(state, Mapping) or not any(k.startswith(_LOSS_PREFIXES) for k in state):
         return state, None
-    parts = [{k[len(p):]: v for k, v in state.items() if k.startswith(p)} for p in _LOSS_PREFIXES]
+    parts = [{k[len(p) :]: v for k, v in state.items() if k.startswith(p)} for p in _LOSS_PREFIXES]
     return parts[0], parts[1] or None
 
 
-def load_torchrl(critic, value_state: Mapping, target_value_state: Optional[Mapping] = None,
-                 member: Optional[int] = None) -> None:
+def load_torchrl(
+    critic, value_state: Mapping, target_value_state: Optional[Mapping] = None, member: Optional[int] = None
+) -> None:
     """Loads the value model's `state_dict()` (and its slow copy's, or one `DreamerV3ValueLoss.state_dict()`
     holding both; without a slow copy the EMA copy becomes the value model, as `SoftUpdate` does) into `critic`,
     all or nothing."""
@@ -106,9 +116,15 @@ def load_torchrl(critic, value_state: Mapping, target_value_state: Optional[Mapp
     value_state, target_value_state = _unwrap(value_state), _unwrap(target_value_state)
     if target_value_state is None:
         value_state, target_value_state = _split_loss_state(value_state)
-    _common.load(critic, layout, {"value_state": _weights(critic, value_state, "value_state"),
-                                  "target_value_state": _weights(critic, target_value_state, "target_value_state")},
-                 member)
+    _common.load(
+        critic,
+        layout,
+        {
+            "value_state": _weights(critic, value_state, "value_state"),
+            "target_value_state": _weights(critic, target_value_state, "target_value_state"),
+        },
+        member,
+    )
 
 
 def export_torchrl(critic, member: Optional[int] = None) -> Tuple[Dict[str, object], Dict[str, object]]:
@@ -120,13 +136,29 @@ def export_torchrl(critic, member: Optional[int] = None) -> Tuple[Dict[str, obje
     return {**fast, BINS_KEY: bins.copy()}, {**slow, BINS_KEY: bins.copy()}
 
 
-def torchrl_critic(value_state: Mapping, target_value_state: Optional[Mapping] = None, *, gru_units: int,
-                   num_z_categoricals: int, num_z_classes: int, **kwargs):
+def torchrl_critic(
+    value_state: Mapping,
+    target_value_state: Optional[Mapping] = None,
+    *,
+    gru_units: int,
+    num_z_categoricals: int,
+    num_z_classes: int,
+    **kwargs,
+):
     """A `CriticNetwork` of the value model's size, loaded (`gru_units`: the belief size)."""
     fast = _split_loss_state(_unwrap(value_state))[0] if target_value_state is None else _unwrap(value_state)
-    return _common.build(lambda critic: load_torchrl(critic, value_state, target_value_state), _key, True,
-                         fast, gru_units=gru_units, num_z_categoricals=num_z_categoricals,
-                         num_z_classes=num_z_classes, options=CRITIC_OPTIONS, what="value_state", **kwargs)
+    return _common.build(
+        lambda critic: load_torchrl(critic, value_state, target_value_state),
+        _key,
+        True,
+        fast,
+        gru_units=gru_units,
+        num_z_categoricals=num_z_categoricals,
+        num_z_classes=num_z_classes,
+        options=CRITIC_OPTIONS,
+        what="value_state",
+        **kwargs,
+    )
 
 
 def torchrl_modules(critic, outputs: str = "logits"):
@@ -168,12 +200,19 @@ def torchrl_modules(critic, outputs: str = "logits"):
     fast, ema = _common.view_layouts(critic, _layout(critic))
     bins = bucket_values(critic.num_buckets, critic.lower_bound, critic.upper_bound, critic.bin_scheme)
     constant = [(BINS_KEY, bins, "constant")]
-    return (critic.fast_module(outputs=outputs, layout=fast + constant),
-            critic.ema_module(outputs=outputs, layout=ema + constant))
+    return (
+        critic.fast_module(outputs=outputs, layout=fast + constant),
+        critic.ema_module(outputs=outputs, layout=ema + constant),
+    )
 
 
 ADAPTER = HostAdapter(
-    name="torchrl", title="TorchRL 0.14.1", options=CRITIC_OPTIONS,
+    name="torchrl",
+    title="TorchRL 0.14.1",
+    options=CRITIC_OPTIONS,
     load=lambda critic, state, member=None: load_torchrl(critic, *state, member=member),
-    export=export_torchrl, build=lambda state, **sizes: torchrl_critic(*state, **sizes), modules=torchrl_modules,
-    key=_key)
+    export=export_torchrl,
+    build=lambda state, **sizes: torchrl_critic(*state, **sizes),
+    modules=torchrl_modules,
+    key=_key,
+)

@@ -7,7 +7,7 @@ from typing import Optional
 import keras
 from keras import ops
 
-from multicritic import backend
+from multicritic.backend import contract as backend
 from multicritic.backend import guard_scope
 from multicritic.layers.row_scale import row_scale
 from multicritic.validation import cast_to
@@ -46,8 +46,11 @@ def layer_norm(x, gamma, beta, epsilon, center=True):
     variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
     if backend.current().lazy_fallbacks:
         # Every op its own pass here: the fallback runs only for a batch with a row that needs it.
-        inv_std = ops.cond(ops.all(ops.isfinite(variance)), lambda: ops.rsqrt(variance + epsilon),
-                           lambda: _inv_std(centered, variance, epsilon))
+        inv_std = ops.cond(
+            ops.all(ops.isfinite(variance)),
+            lambda: ops.rsqrt(variance + epsilon),
+            lambda: _inv_std(centered, variance, epsilon),
+        )
     else:
         inv_std = _inv_std(centered, variance, epsilon)
     # Scaled per row first, then by gamma: grouping `rsqrt * gamma` instead
@@ -77,8 +80,11 @@ def _fused_norm(x, gamma, beta, epsilon, center):
         unguarded.normalizations += 1  # the runtime checks this normalisation's row statistics instead
     # Per-feature gamma and beta go into the kernel; an ensemble's per-member ones (and Python numbers) after it.
     scale, offset = _per_feature(gamma), (_per_feature(beta) if center else None)
-    y = ops.layer_normalization(x, scale, offset, epsilon=epsilon) if center else ops.rms_normalization(
-        x, scale, epsilon=epsilon)
+    y = (
+        ops.layer_normalization(x, scale, offset, epsilon=epsilon)
+        if center
+        else ops.rms_normalization(x, scale, epsilon=epsilon)
+    )
     if scale is None and not (isinstance(gamma, (int, float)) and gamma == 1.0):
         y = y * gamma
     if offset is None and not (isinstance(beta, (int, float)) and beta == 0.0):
@@ -144,14 +150,32 @@ class LayerNormalization(keras.layers.LayerNormalization):
         if self.members is not None and input_shape[0] is not None and int(input_shape[0]) != self.members:
             raise ValueError(f"inputs: got shape {list(input_shape)}, expected [{self.members}, ..., units].")
         self.axis = [len(input_shape) - 1]
-        self.gamma = self.add_weight(
-            name="gamma", shape=shape, initializer=self.gamma_initializer, regularizer=self.gamma_regularizer,
-            constraint=self.gamma_constraint, trainable=True, autocast=False,
-        ) if self.scale else None
-        self.beta = self.add_weight(
-            name="beta", shape=shape, initializer=self.beta_initializer, regularizer=self.beta_regularizer,
-            constraint=self.beta_constraint, trainable=True, autocast=False,
-        ) if self.center else None
+        self.gamma = (
+            self.add_weight(
+                name="gamma",
+                shape=shape,
+                initializer=self.gamma_initializer,
+                regularizer=self.gamma_regularizer,
+                constraint=self.gamma_constraint,
+                trainable=True,
+                autocast=False,
+            )
+            if self.scale
+            else None
+        )
+        self.beta = (
+            self.add_weight(
+                name="beta",
+                shape=shape,
+                initializer=self.beta_initializer,
+                regularizer=self.beta_regularizer,
+                constraint=self.beta_constraint,
+                trainable=True,
+                autocast=False,
+            )
+            if self.center
+            else None
+        )
         self.built = True
 
     def call(self, inputs, input_scale=1.0):

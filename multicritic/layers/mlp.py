@@ -9,13 +9,13 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend
+from multicritic.backend import contract as backend
 from multicritic.backend import guard_scope
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.initializers import MemberwiseInitializer
 from multicritic.layers.layer_norm import LayerNormalization
 from multicritic.layers.row_scale import row_scale
-from multicritic.sizes import get_model_dims
+from multicritic.model.sizes import get_model_dims
 from multicritic.validation import number
 
 
@@ -78,15 +78,28 @@ def _shared_input_matmul(x, kernels):
     return ops.reshape(ops.matmul(x, wide), (-1, members, units))
 
 
-def dense_layer(units, *, members=None, first=False, use_bias=False, kernel_initializer="glorot_uniform",
-                bias_initializer="zeros", dtype=None, name=None):
+def dense_layer(
+    units,
+    *,
+    members=None,
+    first=False,
+    use_bias=False,
+    kernel_initializer="glorot_uniform",
+    bias_initializer="zeros",
+    dtype=None,
+    name=None,
+):
     """A `keras.layers.Dense`, or for `members=K` an `EinsumDense` holding K stacked kernels `[K, in, units]`
     (one batched matmul). `first`: the input `[B, in]` is shared by all members and the output is `[B, K, units]`;
     else the input is member-major `[K, B, in]`, the output `[K, B, units]` (a bias `[K, 1, units]`)."""
     if members is None:
         return keras.layers.Dense(
-            units, use_bias=use_bias, kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
-            dtype=dtype, name=name,
+            units,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            dtype=dtype,
+            name=name,
         )
     return keras.layers.EinsumDense(
         "bi,kio->bko" if first else "kbi,kio->kbo",
@@ -231,8 +244,13 @@ class MLP(keras.layers.Layer):
             for i in range(self.num_dense_layers)
         ]
         self.layer_normalizations = [
-            LayerNormalization(epsilon=self.norm_epsilon, members=self.members, rms=norm == "rms",
-                               dtype=self.dtype_policy, name=f"layer_norm_{i}")
+            LayerNormalization(
+                epsilon=self.norm_epsilon,
+                members=self.members,
+                rms=norm == "rms",
+                dtype=self.dtype_policy,
+                name=f"layer_norm_{i}",
+            )
             for i in range(self.num_dense_layers)
         ]
         self.output_layer = None
@@ -265,8 +283,11 @@ class MLP(keras.layers.Layer):
         """Whether `call` clips its inputs to a finite range (float16, a quantized first Dense, no Dense), so
         that a non-finite input may give a finite output. Otherwise a non-finite input gives non-finite
         outputs (and a finite one finite outputs)."""
-        return (self._float16 or not self.dense_layers
-                or getattr(self.dense_layers[0], "quantization_mode", None) is not None)
+        return (
+            self._float16
+            or not self.dense_layers
+            or getattr(self.dense_layers[0], "quantization_mode", None) is not None
+        )
 
     def call(self, inputs):
         parts = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
@@ -289,8 +310,11 @@ class MLP(keras.layers.Layer):
         rows = math.prod(lead) if all(type(d) is int for d in lead) else None
         current = backend.current()
         split = len(parts) > 1
-        enough = (self.dense_hidden_units * (self.members or 1) if split and current.kernel_scale_from_units
-                  else sum(int(p.shape[-1]) for p in parts))
+        enough = (
+            self.dense_hidden_units * (self.members or 1)
+            if split and current.kernel_scale_from_units
+            else sum(int(p.shape[-1]) for p in parts)
+        )
         on_kernel = unguarded or (scale != 1.0 and (rows is None or rows >= enough))
         if split and (not on_kernel or self.members is not None or current.concatenates_first_input):
             # An ensemble's first layer is one wide GEMM: split, it is two GEMMs forward and backward whose

@@ -7,7 +7,7 @@ one array per state variable, keyed by its path relative to the trainer
 (`critic/mlp/dense_0/kernel`, `optimizer/iteration`, `trainer/steps`; a
 loss-scale optimizer's inner optimizer under `optimizer/inner/`), so
 neither the critic's `name` nor the order of variables matters. The file ends
-with a SHA-256 seal (`multicritic.integrity`). Restoring checks the seal,
+with a SHA-256 seal (`multicritic.files.integrity`). Restoring checks the seal,
 the metadata, the configs and every array before it assigns anything.
 
 Format 1 files (arrays by position, no seal) still restore: their saved
@@ -27,8 +27,8 @@ from typing import Dict, List, Optional
 import keras
 import numpy as np
 
-from multicritic import integrity
-from multicritic.critic_options import upgrade_config
+from multicritic.files import integrity
+from multicritic.model.options import upgrade_config
 from multicritic.training.options import TrainerOptions
 
 FORMAT = "multicritic-trainer-checkpoint-2"
@@ -36,12 +36,32 @@ LEGACY_FORMATS = ("multicritic-trainer-checkpoint-1",)
 # Keys of the critic config that are not part of what it computes.
 IGNORED_CRITIC_KEYS = ("name", "dtype", "trainable", "kernel_initializer")  # (the last: how new weights start)
 # Trainer options that change the math of a step (the rest say how it runs).
-MATH_OPTIONS = ("gamma", "lambda_", "grad_clip", "ema_update_period", "ema_regularizer_weight", "ema_regularizer",
-                "ema_targets", "ema_update_first", "value_loss_weight", "replay_loss_weight", "replay_discount")
+MATH_OPTIONS = (
+    "gamma",
+    "lambda_",
+    "grad_clip",
+    "ema_update_period",
+    "ema_regularizer_weight",
+    "ema_regularizer",
+    "ema_targets",
+    "ema_update_first",
+    "value_loss_weight",
+    "replay_loss_weight",
+    "replay_discount",
+)
 # The values files written before an option existed meant.
 _OPTION_DEFAULTS = TrainerOptions.defaults(
-    ("ema_update_period", "ema_regularizer_weight", "ema_regularizer", "ema_targets", "ema_update_first",
-     "value_loss_weight", "replay_loss_weight", "replay_discount"))
+    (
+        "ema_update_period",
+        "ema_regularizer_weight",
+        "ema_regularizer",
+        "ema_targets",
+        "ema_update_first",
+        "value_loss_weight",
+        "replay_loss_weight",
+        "replay_discount",
+    )
+)
 
 
 def _key(var, critic_name: str, optimizer_vars: set, steps, inner_vars: frozenset = frozenset()) -> str:
@@ -232,8 +252,6 @@ def check(trainer, path) -> Checked:
     if by_position is not None:
         arrays = dict(zip(_legacy_keys(trainer, meta), (arrays[name] for name in by_position)))
     variables = keyed_variables(trainer)
-    expected = {
-        key: (tuple(var.shape), keras.backend.standardize_dtype(var.dtype)) for key, var in variables.items()
-    }
+    expected = {key: (tuple(var.shape), keras.backend.standardize_dtype(var.dtype)) for key, var in variables.items()}
     hosts = meta.get("hosts")
     return Checked(integrity.check_arrays(where, arrays, expected), digest, hosts if isinstance(hosts, int) else None)

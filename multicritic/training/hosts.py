@@ -14,7 +14,7 @@ before any collective of the training:
   when it is built; a host that builds its critic under a distribution (JAX,
   TensorFlow) checks the critic's config with `agree` first.
 - `save`: host 0 (the chief) alone writes the sealed checkpoint (atomically,
-  `multicritic.integrity`); every host returns when it is written, or raises
+  `multicritic.files.integrity`); every host returns when it is written, or raises
   the chief's error.
 - `restore`: every host reads and checks the file, the hosts compare their
   files' SHA-256, and only if every host read the same intact checkpoint does
@@ -37,8 +37,9 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 import keras
 import numpy as np
 
-from multicritic import backend
+from multicritic.backend import contract as backend
 from multicritic.training import checkpoint
+
 
 class DifferentCheckpoints(ValueError):
     """The hosts read intact checkpoints that differ (`restore`): no older checkpoint makes them agree."""
@@ -152,10 +153,20 @@ def agree_requested(critic, optimizer, options: Mapping[str, object]) -> None:
     config = {k: v for k, v in critic.get_config().items() if k not in checkpoint.IGNORED_CRITIC_KEYS}
     given = None if optimizer is None else _without_names(keras.optimizers.serialize(optimizer))
     options = dict(options)
-    requested = {"default Adam": {k: options.pop(k) for k in ("learning_rate", "epsilon")} if given is None else None,
-                 "given": given}
-    agree("CriticTrainer", {"backend": keras.backend.backend(), "critic config": config, "trainer options": options,
-                            "optimizer": requested}, critic.weights)
+    requested = {
+        "default Adam": {k: options.pop(k) for k in ("learning_rate", "epsilon")} if given is None else None,
+        "given": given,
+    }
+    agree(
+        "CriticTrainer",
+        {
+            "backend": keras.backend.backend(),
+            "critic config": config,
+            "trainer options": options,
+            "optimizer": requested,
+        },
+        critic.weights,
+    )
 
 
 def agree_batch(kind: str, shapes: Mapping[str, Sequence[int]], batch_axis: int, variables: Sequence = ()) -> None:
@@ -176,7 +187,8 @@ def agree_batch(kind: str, shapes: Mapping[str, Sequence[int]], batch_axis: int,
     raise ValueError(
         f"{first}: got per-host batch shapes {per_host} for a {kind} step (a global batch of "
         f"{sum(s or 0 for s in sizes)} along axis {batch_axis}), expected the same shape on every host (a global "
-        "batch that splits evenly: the engines weigh each host's mean equally); nothing was trained.")
+        "batch that splits evenly: the engines weigh each host's mean equally); nothing was trained."
+    )
 
 
 _PREEMPTION = {"requested": False, "signal": None}
@@ -187,6 +199,7 @@ def watch_preemption(signals=(signal.SIGTERM,)) -> None:
     host, so that they checkpoint at one step and exit cleanly. Call it on every host after the engine started
     (its own handler, e.g. JAX's or TensorFlow's coordination service's, is replaced); outside the main thread
     it does nothing (Python delivers signals to the main thread only)."""
+
     def handler(signum, frame):
         _PREEMPTION.update(requested=True, signal=signal.Signals(signum).name)
 

@@ -102,6 +102,7 @@ class TrainerOptions:
         """The options given by keyword, the defaults for the rest; a `ValueError` names an unknown one."""
         unknown = sorted(set(options) - set(cls.names()))
         if unknown:
-            raise ValueError(f"{unknown[0]}: got {options[unknown[0]]!r}, expected one of {where}'s options "
-                             f"{list(cls.names())}.")
+            raise ValueError(
+                f"{unknown[0]}: got {options[unknown[0]]!r}, expected one of {where}'s options {list(cls.names())}."
+            )
         return cls(**options)

@@ -17,14 +17,16 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend, draws
+from multicritic.backend import contract as backend
+
+from multicritic.math import draws
 from multicritic.protocols import CriticLike
 from multicritic.training.options import TrainerOptions
-from multicritic.backend import StepProgram
-from multicritic.bins import inverse_symlog
+from multicritic.backend.contract import StepProgram
+from multicritic.math.bins import inverse_symlog
 from multicritic.layers.dispatch import call_layer
-from multicritic.losses import EMA_REGULARIZERS, critic_loss
-from multicritic.returns import dream_loss_weights, lambda_returns, replay_lambda_returns
+from multicritic.math.losses import EMA_REGULARIZERS, critic_loss
+from multicritic.math.returns import dream_loss_weights, lambda_returns, replay_lambda_returns
 from multicritic.training import hosts
 from multicritic.validation import FixedOptions, as_float32, integer, number
 
@@ -116,9 +118,24 @@ def _check_choices(metrics, jit_compile, **flags):
 
 
 # The options a step's math reads: read-only once the step is built (`FixedOptionError`).
-FIXED_OPTIONS = ("critic", "optimizer", "gamma", "lambda_", "grad_clip", "ema_update_period", "ema_update_first",
-                 "ema_regularizer_weight", "ema_regularizer", "ema_targets", "value_loss_weight", "replay_loss_weight",
-                 "replay_discount", "seed", "jit_compile", "metrics")
+FIXED_OPTIONS = (
+    "critic",
+    "optimizer",
+    "gamma",
+    "lambda_",
+    "grad_clip",
+    "ema_update_period",
+    "ema_update_first",
+    "ema_regularizer_weight",
+    "ema_regularizer",
+    "ema_targets",
+    "value_loss_weight",
+    "replay_loss_weight",
+    "replay_discount",
+    "seed",
+    "jit_compile",
+    "metrics",
+)
 
 
 class CriticStep(FixedOptions):
@@ -159,8 +176,13 @@ class CriticStep(FixedOptions):
         _check_regularizer(critic, ema_regularizer)
         if seed is not None:
             seed = integer("seed", seed, low=0, high=2**32 - 1)
-        _check_choices(metrics=metrics, jit_compile=jit_compile, check_finite=check_finite, ema_targets=ema_targets,
-                       ema_update_first=ema_update_first)
+        _check_choices(
+            metrics=metrics,
+            jit_compile=jit_compile,
+            check_finite=check_finite,
+            ema_targets=ema_targets,
+            ema_update_first=ema_update_first,
+        )
         self.critic = critic
         self.gamma = float(gamma)
         self.lambda_ = float(lambda_)
@@ -199,7 +221,7 @@ class CriticStep(FixedOptions):
             else step_counter
         )
         # Member draws of "min_of_random": a pure function of (seed, step count) per stream
-        # (`multicritic.draws`), so draws need no state of their own and a resumed run draws what the whole
+        # (`multicritic.math.draws`), so draws need no state of their own and a resumed run draws what the whole
         # run would have. Streams draw apart: each its own offset of the seed.
         draw_seed = int(np.random.default_rng().integers(0, 2**31)) if seed is None else seed
         self.draw_seeds = {}
@@ -339,8 +361,10 @@ class CriticStep(FixedOptions):
         ema = self._outputs(h, z, use_ema=True) if self.ema_regularizer_weight > 0.0 else {}
         targets = value_targets if isinstance(value_targets, dict) else {None: value_targets}
         total, losses = self._combine(
-            {s: self._critic_losses(c, fast[s], ema.get(s), targets[s], loss_weights)
-             for s, c in self.critics().items()}
+            {
+                s: self._critic_losses(c, fast[s], ema.get(s), targets[s], loss_weights)
+                for s, c in self.critics().items()
+            }
         )
         losses["invalid_inputs"] = losses["invalid_inputs"] + self._invalid_states(fast, h, z)
         return total, losses
@@ -424,8 +448,12 @@ class CriticStep(FixedOptions):
         if members and critic.aggregation == "members":  # each member's own returns, [K, T, B] -> [T, B, K]
             k = critic.ensemble_size
             targets = replay_lambda_returns(
-                _repeat(rewards, k, -1), _repeat(is_last, k, -1), _repeat(is_terminal, k, -1),
-                ops.moveaxis(boot, 0, -1), self.replay_discount, self.lambda_,
+                _repeat(rewards, k, -1),
+                _repeat(is_last, k, -1),
+                _repeat(is_terminal, k, -1),
+                ops.moveaxis(boot, 0, -1),
+                self.replay_discount,
+                self.lambda_,
             )
             targets = ops.moveaxis(targets, -1, 0)
         else:

@@ -16,8 +16,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import backend
-from multicritic.critic import CriticNetwork
+from multicritic.backend import contract as backend
+from multicritic.model.critic import CriticNetwork
 from multicritic.protocols import CriticLike
 from multicritic.training import hosts
 from multicritic.training.step import CriticStep, is_multi_critic
@@ -107,8 +107,10 @@ class CriticTrainer(CriticStep):
 
     def __init__(self, critic: CriticNetwork, optimizer: Optional[keras.optimizers.Optimizer] = None, **options):
         if not isinstance(critic, CriticLike):
-            raise ValueError(f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic "
-                             "(a multicritic.protocols.CriticLike).")
+            raise ValueError(
+                f"critic: got {type(critic).__name__}, expected a CriticNetwork or a MultiCritic "
+                "(a multicritic.protocols.CriticLike)."
+            )
         super().__init__(critic, optimizer, **options)
         self._compiled: Dict[str, Callable] = {}
         self._agreed_batches: Dict[str, dict] = {}  # per step kind, the batch shapes every host last agreed on
@@ -153,6 +155,7 @@ class CriticTrainer(CriticStep):
         """
         with self._lock:
             return hosts.restore(self, path)
+
     # ------------------------------------------------------------------
     # Input checks, outside the compiled step.
 
@@ -223,8 +226,9 @@ class CriticTrainer(CriticStep):
                 replay_batch = self._inputs(replay, 2, prefix="replay_")
                 length, size = replay_batch[0].shape[0], replay_batch[0].shape[1]
                 if length < 2:
-                    raise ValueError(f"replay_h: got shape {fmt(tuple(replay_batch[0].shape))}, expected [T, B, ...] "
-                                     "with T >= 2.")
+                    raise ValueError(
+                        f"replay_h: got shape {fmt(tuple(replay_batch[0].shape))}, expected [T, B, ...] with T >= 2."
+                    )
                 if batch[0].shape[1] != length * size:
                     raise ValueError(
                         f"h: got {batch[0].shape[1]} dreams for a replay batch of shape [T, B] = [{length}, {size}], "
@@ -325,15 +329,27 @@ class CriticTrainer(CriticStep):
             The DreamerV3 code's `repl_loss` (github.com/danijar/dreamerv3, 2024).
         """
         named = {"h": h, "z": z, **self._per_stream("rewards", rewards), "continues": continues}
-        replay = {"replay_h": replay_h, "replay_z": replay_z, **self._per_stream("replay_rewards", replay_rewards),
-                  "replay_is_last": replay_is_last, "replay_is_terminal": replay_is_terminal}
+        replay = {
+            "replay_h": replay_h,
+            "replay_z": replay_z,
+            **self._per_stream("replay_rewards", replay_rewards),
+            "replay_is_last": replay_is_last,
+            "replay_is_terminal": replay_is_terminal,
+        }
         streams = len(self.critic.stream_critics())
 
         def loss(h, z, *rest):
             dream, replayed = rest[: streams + 1], rest[streams + 1 :]
             return self.dream_and_replay_loss(
-                h, z, self._streams_of(dream[:-1]), dream[-1], replayed[0], replayed[1],
-                self._streams_of(replayed[2:-2]), replayed[-2], replayed[-1],
+                h,
+                z,
+                self._streams_of(dream[:-1]),
+                dream[-1],
+                replayed[0],
+                replayed[1],
+                self._streams_of(replayed[2:-2]),
+                replayed[-2],
+                replayed[-1],
             )
 
         return self._run("dream_replay", loss, named, 2, 1, replay=replay)

@@ -8,8 +8,15 @@ read before Keras is imported). A new trunk is one module plus its line here.
 from multicritic.registry import Registry, declare
 
 # Options the critic gives every trunk: its sizes and normalisation.
-SHARED = ("model_size", "num_dense_layers", "dense_hidden_units", "norm", "norm_epsilon", "use_bias",
-          "kernel_initializer")
+SHARED = (
+    "model_size",
+    "num_dense_layers",
+    "dense_hidden_units",
+    "norm",
+    "norm_epsilon",
+    "use_bias",
+    "kernel_initializer",
+)
 """The options the critic gives every trunk (its sizes and normalisation); a trunk's own options are the rest."""
 
 TRUNKS = Registry(

@@ -80,10 +80,18 @@ class ResidualTrunk(keras.layers.Layer):
             raise ValueError(f"activation: got {activation!r}, expected a Keras activation name.") from None
         dims = trunk_dims(model_size, num_dense_layers, dense_hidden_units)
         # The projection is an MLP's single block; the size's depth counts the residual blocks.
-        self.projection = MLP(model_size=None, num_dense_layers=1,
-                              dense_hidden_units=dims["dense_hidden_units"], kernel_initializer=kernel_initializer,
-                              members=members, norm=norm, norm_epsilon=norm_epsilon, use_bias=use_bias,
-                              dtype=self.dtype_policy, name="projection")
+        self.projection = MLP(
+            model_size=None,
+            num_dense_layers=1,
+            dense_hidden_units=dims["dense_hidden_units"],
+            kernel_initializer=kernel_initializer,
+            members=members,
+            norm=norm,
+            norm_epsilon=norm_epsilon,
+            use_bias=use_bias,
+            dtype=self.dtype_policy,
+            name="projection",
+        )
         self.model_size = model_size
         self.num_dense_layers = dims["num_dense_layers"]
         self.dense_hidden_units = self.projection.dense_hidden_units
@@ -96,13 +104,25 @@ class ResidualTrunk(keras.layers.Layer):
         self.block_dense, self.block_norms = [], []
         for i in range(self.num_dense_layers):
             for j in range(2):
-                self.block_dense.append(dense_layer(self.dense_hidden_units, members=self.members,
-                                                    use_bias=self.use_bias,
-                                                    kernel_initializer=self.kernel_initializer,
-                                                    dtype=self.dtype_policy, name=f"block_{i}_dense_{j}"))
-                self.block_norms.append(LayerNormalization(epsilon=self.norm_epsilon, members=self.members,
-                                                           rms=norm == "rms", dtype=self.dtype_policy,
-                                                           name=f"block_{i}_norm_{j}"))
+                self.block_dense.append(
+                    dense_layer(
+                        self.dense_hidden_units,
+                        members=self.members,
+                        use_bias=self.use_bias,
+                        kernel_initializer=self.kernel_initializer,
+                        dtype=self.dtype_policy,
+                        name=f"block_{i}_dense_{j}",
+                    )
+                )
+                self.block_norms.append(
+                    LayerNormalization(
+                        epsilon=self.norm_epsilon,
+                        members=self.members,
+                        rms=norm == "rms",
+                        dtype=self.dtype_policy,
+                        name=f"block_{i}_norm_{j}",
+                    )
+                )
 
     @property
     def dense_layers(self):
@@ -116,8 +136,9 @@ class ResidualTrunk(keras.layers.Layer):
 
     def build(self, input_shape):
         self.projection.build(input_shape)
-        shape = (None, self.dense_hidden_units) if self.members is None else (self.members, None,
-                                                                              self.dense_hidden_units)
+        shape = (
+            (None, self.dense_hidden_units) if self.members is None else (self.members, None, self.dense_hidden_units)
+        )
         for layer in (*self.block_dense, *self.block_norms):
             layer.build(shape)
 

@@ -8,14 +8,20 @@ import keras
 import pytest
 
 import multicritic
-from multicritic import backend
-from multicritic.backend import Backend, StepProgram
+from multicritic.backend import contract as backend
+from multicritic.backend.contract import Backend, StepProgram
 
 PACKAGE = pathlib.Path(multicritic.__file__).parent
 FRAMEWORKS = ("torch", "tensorflow", "jax", "jaxlib", "optax")
-# These choose which backend runs (the command line, the default backend),
-# which is not how anything is computed.
-CHOOSE_A_BACKEND = ("cli.py", "backend_default.py")
+# The command line chooses which backend runs, which is not how anything is computed.
+CHOOSE_A_BACKEND = ("cli/__init__.py",)
+# Exported files are served by their own runtimes (TensorFlow, ONNX Runtime, LiteRT), whatever backend Keras
+# runs: framework imports, none of them in the critic's math.
+SERVES_EXPORTS = ("files/runtimes.py",)
+
+
+def relative(path):
+    return path.relative_to(PACKAGE).as_posix()
 
 
 def modules_outside_the_contract():
@@ -35,9 +41,11 @@ def test_no_framework_code_outside_the_backend_modules(path):
         else:
             names = []
         for name in names:
-            assert name.split(".")[0] not in FRAMEWORKS, f"{path.name} imports {name}"
+            assert relative(path) in SERVES_EXPORTS or name.split(".")[0] not in FRAMEWORKS, (
+                f"{path.name} imports {name}"
+            )
         # No branching on the backend's name (reporting it is fine).
-        if isinstance(node, ast.Compare) and path.name not in CHOOSE_A_BACKEND:
+        if isinstance(node, ast.Compare) and relative(path) not in CHOOSE_A_BACKEND:
             text = ast.unparse(node)
             assert "backend()" not in text, f"{path.name}: {text}"
 
@@ -47,26 +55,33 @@ def test_each_backend_implements_the_contract_without_trainer_internals(name):
     source = (PACKAGE / "backend" / f"{name}.py").read_text()
     assert "trainer." not in source and "critic._" not in source
     tree = ast.parse(source)
-    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and any(
-        getattr(b, "id", None) == "Backend" for b in n.bases)]
+    classes = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.ClassDef) and any(getattr(b, "id", None) == "Backend" for b in n.bases)
+    ]
     assert len(classes) == 1, "one Backend subclass per backend module"
 
 
 def test_the_running_backend_is_a_complete_backend():
     current = backend.current()
     assert isinstance(current, Backend) and not inspect.isabstract(type(current))
-    assert current.name == multicritic.backend.keras.backend.backend()
+    assert current.name == keras.backend.backend()
     fields = {f.name for f in StepProgram.__dataclass_fields__.values()}
     assert {"trainable", "state", "loss", "scale_loss", "apply", "jit_compile", "private"} <= fields
 
 
-@pytest.mark.parametrize("make", [
-    lambda: keras.optimizers.Adam(3e-3, epsilon=1e-5),
-    lambda: keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(1e-2, 1, 0.5), beta_1=0.5),
-    lambda: keras.optimizers.Adam(1e-3, amsgrad=True),
-    lambda: keras.optimizers.Adam(1e-3, clipnorm=0.1),
-    lambda: keras.optimizers.AdamW(1e-3),
-], ids=["adam", "schedule", "amsgrad", "clipnorm", "adamw"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.Adam(3e-3, epsilon=1e-5),
+        lambda: keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(1e-2, 1, 0.5), beta_1=0.5),
+        lambda: keras.optimizers.Adam(1e-3, amsgrad=True),
+        lambda: keras.optimizers.Adam(1e-3, clipnorm=0.1),
+        lambda: keras.optimizers.AdamW(1e-3),
+    ],
+    ids=["adam", "schedule", "amsgrad", "clipnorm", "adamw"],
+)
 def test_apply_gradients_is_keras_optimizer_apply(make):
     # A backend may run an optimizer through its own kernels (PyTorch: a plain Adam as its fused kernel): the
     # weights, slots and step count stay Keras's `optimizer.apply`'s, over several steps.
@@ -123,8 +138,8 @@ def test_list_ops_compute_their_formulas():
 
 
 def test_functional_list_ops_compute_their_formulas_and_change_nothing():
-    # An optimizer's update over all its tensors at once (multicritic.optimizers.LaProp): multi-tensor kernels on
-    # PyTorch, keras.ops elsewhere; against float64, inputs (tensors and variables) unchanged.
+    # An optimizer's update over all its tensors at once (multicritic.training.optimizers.LaProp): multi-tensor
+    # kernels on PyTorch, keras.ops elsewhere; against float64, inputs (tensors and variables) unchanged.
     import numpy as np
 
     current = backend.current()
@@ -147,8 +162,11 @@ def test_functional_list_ops_compute_their_formulas_and_change_nothing():
     check(current.squares(tensors), [x * x for x in b64])
     check(current.blended(variables, tensors, 0.9), [0.9 * x + 0.1 * y for x, y in zip(a64, b64)])
     correction = keras.ops.convert_to_tensor(np.float32(0.25))
-    check(current.rms_normalize(tensors, [keras.ops.convert_to_tensor(x) for x in nu], correction, 1e-3),
-          [x / (np.sqrt(n / 0.25) + 1e-3) for x, n in zip(b64, nu64)], rtol=1e-5)
+    check(
+        current.rms_normalize(tensors, [keras.ops.convert_to_tensor(x) for x in nu], correction, 1e-3),
+        [x / (np.sqrt(n / 0.25) + 1e-3) for x, n in zip(b64, nu64)],
+        rtol=1e-5,
+    )
     alpha = keras.ops.convert_to_tensor(np.float32(-0.5))
     check(current.add_scaled(variables, tensors, alpha), [x - 0.5 * y for x, y in zip(a64, b64)])
     for v, x in zip(variables, a):

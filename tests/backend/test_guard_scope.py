@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from keras import ops
 
-from multicritic import MLP, backend
+from multicritic import MLP
+
+from multicritic.backend import contract as backend
 from multicritic.backend import guard_scope
 
 

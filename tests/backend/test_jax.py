@@ -26,7 +26,7 @@ def test_the_step_updates_its_donated_slots_in_place(model_size):
     trainer.train_step(*batch)
     run = trainer._compiled["direct"]
     text = run.lower(*(jnp.asarray(x) for x in batch)).compile().as_text()
-    entry = text[text.index("\nENTRY"):]
+    entry = text[text.index("\nENTRY") :]
     kernel = "f32[{},{}]".format(*critic.mlp.dense_layers[0].kernel.shape)
     params = set(re.findall(r"%(\S+) = " + re.escape(kernel) + r"\S* parameter\(", entry))
     assert len(params) >= 4  # the kernel, its EMA copy and its two moments

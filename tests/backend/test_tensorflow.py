@@ -32,7 +32,7 @@ def test_a_step_inside_the_strategy_scope_is_refused_and_changes_nothing():
 def test_one_worker_is_host_zero_of_one():
     import tensorflow as tf
 
-    from multicritic import backend
+    from multicritic.backend import contract as backend
 
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
         assert backend.current().hosts() == (0, 1)
@@ -43,7 +43,7 @@ def test_auto_switches_a_step_kind_to_xla_at_its_nth_call_with_the_same_values(m
     import keras
 
     from multicritic import CriticNetwork, CriticTrainer
-    from multicritic import backend as backend_contract
+    from multicritic.backend import contract as backend_contract
     from tests.conftest import randomize
     from tests.distributed.common import batches
 
@@ -76,7 +76,7 @@ def test_the_layer_norm_fallback_is_a_cond_in_a_plain_graph_and_fused_under_xla(
     # overflows float32, beside ordinary rows.
     import tensorflow as tf
 
-    from multicritic import backend
+    from multicritic.backend import contract as backend
     from multicritic.layers.layer_norm import layer_norm
 
     rng = np.random.default_rng(0)
@@ -105,7 +105,7 @@ def test_under_xla_the_decodes_softmax_and_the_losss_log_softmax_share_one_exp()
     # decode, the loss and the loss's gradient; `tf.nn.softmax` and `tf.nn.log_softmax` took two.
     import tensorflow as tf
 
-    from multicritic import backend
+    from multicritic.backend import contract as backend
 
     current = backend.current()
 
@@ -154,11 +154,14 @@ def test_the_xla_step_is_traced_for_its_batch_size_and_places_the_input_scale_by
         xla.train_step(*batch)
         graph.train_step(*batch)
         text = _xla_step_hlo(xla, batch)
-        dots[rows] = len(re.findall(r" dot\(", text[text.index("\nENTRY"):]))
+        dots[rows] = len(re.findall(r" dot\(", text[text.index("\nENTRY") :]))
         # The shapes the scale's constant is broadcast to, wherever XLA fused the multiply.
         constants = re.findall(r"%(\S+) = f32\[\] constant\(2\.32830644e-10\)", text)
-        scaled[rows] = {m.group(1) for c in constants
-                        for m in re.finditer(r"= (f32\[[\d,]+\])\S* broadcast\(%" + re.escape(c) + r"\)", text)}
+        scaled[rows] = {
+            m.group(1)
+            for c in constants
+            for m in re.finditer(r"= (f32\[[\d,]+\])\S* broadcast\(%" + re.escape(c) + r"\)", text)
+        }
     assert sorted(k[0][0][0] for k in xla._compiled["direct"].compiled) == [8, 64]
     assert [k[0][0][0] for k in graph._compiled["direct"].compiled] == [None]
     assert scaled == {8: {"f32[8,32]"}, 64: {f"f32[32,{units}]"}}, scaled
@@ -176,9 +179,13 @@ def test_a_single_critics_first_dense_is_one_gemm_of_the_concatenated_input():
 
     critic = CriticNetwork(model_size="nano")
     h, z = random_inputs(critic, 64)
-    graph = tf.function(lambda h, z: critic(h, z)).get_concrete_function(
-        tf.TensorSpec([None, h.shape[1]], tf.float32), tf.TensorSpec([None, *z.shape[1:]], tf.float32)
-    ).graph
+    graph = (
+        tf.function(lambda h, z: critic(h, z))
+        .get_concrete_function(
+            tf.TensorSpec([None, h.shape[1]], tf.float32), tf.TensorSpec([None, *z.shape[1:]], tf.float32)
+        )
+        .graph
+    )
     widths = [op.inputs[1].shape.as_list() for op in graph.get_operations() if op.type == "MatMul"]
     kernel = critic.mlp.dense_layers[0].kernel.shape
     assert widths.count(list(kernel)) == 1, widths
@@ -201,7 +208,7 @@ def test_the_xla_step_updates_weights_and_slots_in_place(ensemble_size):
     batch = (h, z, np.ones(8, "float32"), np.ones(8, "float32"))
     trainer.train_step(*batch)
     text = _xla_step_hlo(trainer, batch)
-    entry = text[text.index("\nENTRY"):]
+    entry = text[text.index("\nENTRY") :]
     kernel = "f32[{}]".format(",".join(map(str, critic.mlp.dense_layers[0].kernel.shape)))
     params = set(re.findall(r"%(\S+) = " + re.escape(kernel) + r"\S* parameter\(", entry))
     assert len(params) >= 4  # the kernel, its EMA copy and its two moments

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork, CriticTrainer
-from multicritic import backend as backend_contract
-from multicritic.multi_critic import MultiCritic
+from multicritic.backend import contract as backend_contract
+from multicritic.model.multi_critic import MultiCritic
 from tests.conftest import BACKEND, randomize, to_np
 
 pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="torch.compile: PyTorch backend only")
@@ -53,20 +53,39 @@ def batches(critic, count, seed=0):
     out = {kind: [] for kind in STEPS}
     for _ in range(count):
         h, z = states(6)
-        out["direct"].append((h, z, per(torch.tensor(rng.normal(size=6).astype("float32") * 10)),
-                              torch.tensor(rng.uniform(0.5, 1, size=6).astype("float32"))))
-        dream = states(4, 6) + (per(torch.tensor(rng.normal(size=(4, 6)).astype("float32"))),
-                                torch.tensor((rng.random((4, 6)) > 0.1).astype("float32")))
+        out["direct"].append(
+            (
+                h,
+                z,
+                per(torch.tensor(rng.normal(size=6).astype("float32") * 10)),
+                torch.tensor(rng.uniform(0.5, 1, size=6).astype("float32")),
+            )
+        )
+        dream = states(4, 6) + (
+            per(torch.tensor(rng.normal(size=(4, 6)).astype("float32"))),
+            torch.tensor((rng.random((4, 6)) > 0.1).astype("float32")),
+        )
         out["dream"].append(dream)
         rh, rz = states(2, 3)
-        out["dream_replay"].append(dream + (rh, rz, per(torch.tensor(rng.normal(size=(2, 3)).astype("float32"))),
-                                            torch.zeros(2, 3), torch.zeros(2, 3)))
+        out["dream_replay"].append(
+            dream
+            + (
+                rh,
+                rz,
+                per(torch.tensor(rng.normal(size=(2, 3)).astype("float32"))),
+                torch.zeros(2, 3),
+                torch.zeros(2, 3),
+            )
+        )
     return out
 
 
 def run_steps(trainer, kind, data):
-    fn = {"direct": trainer.train_step, "dream": trainer.train_on_dream,
-          "dream_replay": trainer.train_on_dream_and_replay}[kind]
+    fn = {
+        "direct": trainer.train_step,
+        "dream": trainer.train_on_dream,
+        "dream_replay": trainer.train_on_dream_and_replay,
+    }[kind]
     return [{k: float(v) for k, v in fn(*args).items()} for args in data]
 
 

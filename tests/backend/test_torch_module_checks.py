@@ -31,8 +31,15 @@ H, C, K, N = 24, 4, 5, 6
 
 
 def critic_of(seed=0, **options):
-    critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=H,
-                           num_z_categoricals=C, num_z_classes=K, **options)
+    critic = CriticNetwork(
+        model_size=None,
+        num_dense_layers=2,
+        dense_hidden_units=32,
+        gru_units=H,
+        num_z_categoricals=C,
+        num_z_classes=K,
+        **options,
+    )
     rng = np.random.default_rng(seed)
     for var in critic.weights:  # fast and EMA apart, the zero head random: a mix-up shows
         var.assign(rng.normal(0.0, 0.3, var.shape).astype("float32"))
@@ -145,8 +152,10 @@ def test_a_copy_is_live_and_apart_from_the_original(name, how):
 def test_non_contiguous_and_transposed_inputs_equal_the_eager_path(name):
     _, module, call = make(name)
     lat, h, z = inputs(lead=(5, 3))
-    for x in ((lat.transpose(0, 1), h.transpose(0, 1), z.transpose(0, 1)),  # time-major from batch-major
-              (lat[:, ::2], h[:, ::2], z[:, ::2])):
+    for x in (
+        (lat.transpose(0, 1), h.transpose(0, 1), z.transpose(0, 1)),  # time-major from batch-major
+        (lat[:, ::2], h[:, ::2], z[:, ::2]),
+    ):
         assert not x[0].is_contiguous()
         want = eager(lambda: call(module, *x))
         # The same shapes traced contiguous first: a graph of views must not take the strided inputs.
@@ -160,8 +169,13 @@ def test_dtype_conversions_are_refused_before_anything_changes(name, convert):
     critic, module, call = make(name)
     x = inputs()
     want = run(call, module, x)
-    fn = {"double": lambda m: m.double(), "half": lambda m: m.half(), "bfloat16": lambda m: m.bfloat16(),
-          "to(float64)": lambda m: m.to(torch.float64), "type(float64)": lambda m: m.type(torch.float64)}[convert]
+    fn = {
+        "double": lambda m: m.double(),
+        "half": lambda m: m.half(),
+        "bfloat16": lambda m: m.bfloat16(),
+        "to(float64)": lambda m: m.to(torch.float64),
+        "type(float64)": lambda m: m.type(torch.float64),
+    }[convert]
     with pytest.raises(ValueError, match="dtype: got a conversion"):
         fn(module)
     assert all(v.value.dtype == torch.float32 for v in critic.weights)
@@ -178,8 +192,9 @@ def test_device_moves_move_the_critic_and_the_replay_follows(name):
     x = inputs()
     run(call, module, x)
     module.to("cuda")
-    assert all(v.value.device.type == "cuda"
-               for v in (critic.fast_weights if "ema" not in name else critic.ema_weights))
+    assert all(
+        v.value.device.type == "cuda" for v in (critic.fast_weights if "ema" not in name else critic.ema_weights)
+    )
     xc = [t.cuda() for t in x]
     assert_equal(run(call, module, xc), eager(lambda: call(module, *xc)))
 
@@ -288,7 +303,7 @@ def test_gradients_and_double_backward_equal_the_eager_path(name):
         out = leaves(call(module, *x))
         loss = sum(((t.float() * (i + 1)) ** 2).sum() for i, t in enumerate(out))
         first = torch.autograd.grad(loss, params, create_graph=True)
-        second = torch.autograd.grad(sum((g ** 2).sum() for g in first), params)
+        second = torch.autograd.grad(sum((g**2).sum() for g in first), params)
         return [g.detach() for g in first] + list(second)
 
     run(call, module, x)
@@ -315,8 +330,9 @@ def test_a_wrapper_holding_both_halves_loads_all_or_nothing(host):
         fast, slow = getattr(module, f"{host}_modules")(critic)
     wrapper = torch.nn.ModuleDict({"critic": fast, "target": slow})
     before = [v.numpy().copy() for v in critic.weights]
-    state = {k: v.detach().clone() + 0.5 if "bins" not in k else v.detach().clone()
-             for k, v in wrapper.state_dict().items()}
+    state = {
+        k: v.detach().clone() + 0.5 if "bins" not in k else v.detach().clone() for k, v in wrapper.state_dict().items()
+    }
     bad = dict(state)
     last = [k for k in bad if k.startswith("target.") and "bins" not in k][-1]
     bad[last] = bad[last].clone()
@@ -341,7 +357,8 @@ def test_copies_of_both_views_share_one_copied_critic():
 
 
 def test_the_one_debug_switch_turns_replays_and_compiled_steps_off(monkeypatch):
-    from multicritic import CriticTrainer, backend
+    from multicritic import CriticTrainer
+    from multicritic.backend import contract as backend
 
     monkeypatch.setattr(backend, "EAGER", True)
     critic, module, call = make("fast_module")
@@ -350,8 +367,11 @@ def test_the_one_debug_switch_turns_replays_and_compiled_steps_off(monkeypatch):
     assert not torch_replay.graphs(critic)  # nothing traced
     trainer = CriticTrainer(critic, jit_compile=True)
     rng = np.random.default_rng(0)
-    trainer.train_on_dream(rng.normal(size=(3, 2, H)).astype("float32"),
-                           rng.random((3, 2, C, K)).astype("float32"), np.ones((3, 2), "float32"),
-                           np.ones((3, 2), "float32"))
+    trainer.train_on_dream(
+        rng.normal(size=(3, 2, H)).astype("float32"),
+        rng.random((3, 2, C, K)).astype("float32"),
+        np.ones((3, 2), "float32"),
+        np.ones((3, 2), "float32"),
+    )
     (step,) = trainer._compiled.values()
     assert step.compiled is None and step.eager_steps == 1

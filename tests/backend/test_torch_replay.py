@@ -63,8 +63,12 @@ ENTRIES = {
     "call leading dims": lambda c, latent, h, z: c(h.reshape(2, 3, -1), z.reshape((2, 3) + tuple(z.shape[1:]))),
     "call ema": lambda c, latent, h, z: c(h, z, use_ema=True),
 }
-OPTIONS = {"default": {}, "ensemble": {"ensemble_size": 3}, "z_h hl_gauss": {"input_layout": "z_h", "head": "hl_gauss"},
-           "symexp rms": {"bin_scheme": "symexp", "norm": "rms", "use_bias": True}}
+OPTIONS = {
+    "default": {},
+    "ensemble": {"ensemble_size": 3},
+    "z_h hl_gauss": {"input_layout": "z_h", "head": "hl_gauss"},
+    "symexp rms": {"bin_scheme": "symexp", "norm": "rms", "use_bias": True},
+}
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=list(OPTIONS))
@@ -86,8 +90,9 @@ def test_replays_are_bit_identical_to_the_keras_call_values_and_gradients(entry,
         found = torch.autograd.grad(loss, params, allow_unused=True)
         return [torch.zeros_like(p) if g is None else g for g, p in zip(found, params)]
 
-    assert_bit_identical(grads(lambda: fn(critic, latent, h, z)),
-                         keras_path(lambda: grads(lambda: fn(critic, latent, h, z))))
+    assert_bit_identical(
+        grads(lambda: fn(critic, latent, h, z)), keras_path(lambda: grads(lambda: fn(critic, latent, h, z)))
+    )
     with torch.no_grad():
         assert_bit_identical(fn(critic, latent, h, z), want)
     with torch.inference_mode():
@@ -134,7 +139,7 @@ def _lines_of(source):
     functions, name = {}, None
     for line in source.splitlines():
         if line.startswith("def "):
-            name = line[4:line.index("(")]
+            name = line[4 : line.index("(")]
             functions[name] = []
         elif line.strip():
             functions[name].append(line.strip())
@@ -196,7 +201,8 @@ def test_a_changed_layer_structure_is_traced_anew(change):
     else:
         critic.mlp.dense_layers[0].enable_lora(2)
         critic.mlp.dense_layers[0].lora_kernel_b.assign(
-            np.ones(tuple(critic.mlp.dense_layers[0].lora_kernel_b.shape), "float32"))
+            np.ones(tuple(critic.mlp.dense_layers[0].lora_kernel_b.shape), "float32")
+        )
     want = keras_path(lambda: critic(h, z))
     assert_bit_identical(critic(h, z), want)
     assert_bit_identical(critic(h, z), want)

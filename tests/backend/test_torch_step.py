@@ -12,7 +12,8 @@ pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="PyTorch backend only
 if BACKEND == "torch":
     import torch
 
-    from multicritic.backend import StepProgram, torch_step
+    from multicritic.backend import torch_step
+    from multicritic.backend.contract import StepProgram
 
 
 def regression(host_sync=False, outside=None):
@@ -35,8 +36,9 @@ def regression(host_sync=False, outside=None):
         steps.value.add_(1.0)
         return dict(metrics, grad_norm=torch.linalg.vector_norm(grads[0]))
 
-    program = StepProgram(trainable=[w], state=[w, steps], loss=loss, scale_loss=lambda x: x, apply=apply,
-                          jit_compile=True)
+    program = StepProgram(
+        trainable=[w], state=[w, steps], loss=loss, scale_loss=lambda x: x, apply=apply, jit_compile=True
+    )
     return program, w, steps
 
 
@@ -52,8 +54,10 @@ def eager_step(program, x, y):
 def data(seed, rows=5):
     rng = np.random.default_rng(seed)
     # On Keras's device, where the variables are (a GPU when there is one).
-    return (keras.ops.convert_to_tensor(rng.normal(size=(rows, 3)).astype("float32")),
-            keras.ops.convert_to_tensor(rng.normal(size=(rows, 2)).astype("float32")))
+    return (
+        keras.ops.convert_to_tensor(rng.normal(size=(rows, 3)).astype("float32")),
+        keras.ops.convert_to_tensor(rng.normal(size=(rows, 2)).astype("float32")),
+    )
 
 
 @pytest.mark.parametrize("compiler", ["aten", "inductor"])
@@ -122,8 +126,7 @@ def test_a_non_contiguous_batch_takes_the_graph_of_its_values():
     x_t = x.t().contiguous().t()  # the same values, column-major
     assert not x_t.is_contiguous()
     eager_w = w.value.detach().clone()
-    eager_w -= 0.1 * torch.autograd.functional.jacobian(
-        lambda v: ((x @ v - y) ** 2).mean(), eager_w)
+    eager_w -= 0.1 * torch.autograd.functional.jacobian(lambda v: ((x @ v - y) ** 2).mean(), eager_w)
     step(x_t, y)
     torch.testing.assert_close(w.value.detach(), eager_w, rtol=1e-6, atol=1e-7)
     assert step.compilations == 1  # copied contiguous: the same graph

@@ -20,9 +20,15 @@ def train(while_other_thread_traces: bool):
     randomize(critic, seed=0)
     trainer = CriticTrainer(critic, learning_rate=1e-3)
     rng = np.random.default_rng(0)
-    batches = [(rng.standard_normal((H, B, critic.gru_units)).astype("float32"),
-                rng.random((H, B, critic.num_z_categoricals, critic.num_z_classes)).astype("float32"),
-                rng.standard_normal((H, B)).astype("float32"), np.ones((H, B), "float32")) for _ in range(25)]
+    batches = [
+        (
+            rng.standard_normal((H, B, critic.gru_units)).astype("float32"),
+            rng.random((H, B, critic.num_z_categoricals, critic.num_z_classes)).astype("float32"),
+            rng.standard_normal((H, B)).astype("float32"),
+            np.ones((H, B), "float32"),
+        )
+        for _ in range(25)
+    ]
     stop, traced = threading.Event(), []
 
     def other():

@@ -23,15 +23,35 @@ def test_ppo_driver_writes_each_runs_curve(tmp_path, agent):
         pytest.skip(f"{agent} runs in the {OWN[agent][0]} session")
     backend = BACKEND if agent == "keras" else agent
     out = tmp_path / "ppo.json"
-    command = [sys.executable, os.path.join(ROOT, "benchmarks", "agents", "ppo_scales.py"), "--backends", backend,
-               "--envs", "CartPole-v1", "--heads", "two_hot", "--scales", "1000", "--seeds", "3", "--steps", "512",
-               "--workers", "1", "--json", str(out)]
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "benchmarks", "agents", "ppo_scales.py"),
+        "--backends",
+        backend,
+        "--envs",
+        "CartPole-v1",
+        "--heads",
+        "two_hot",
+        "--scales",
+        "1000",
+        "--seeds",
+        "3",
+        "--steps",
+        "512",
+        "--workers",
+        "1",
+        "--json",
+        str(out),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     record = runs[f"{backend}/CartPole-v1/two_hot/1000/3"]
-    assert (record["backend"] == (BACKEND if agent == "keras" else OWN[agent][1]) and record["reward_scale"] == 1000.0
-            and record["steps"] == 512)
+    assert (
+        record["backend"] == (BACKEND if agent == "keras" else OWN[agent][1])
+        and record["reward_scale"] == 1000.0
+        and record["steps"] == 512
+    )
     # CartPole's returns in its own units (1 a step, unscaled), at increasing environment steps.
     steps = [s for s, _ in record["episodes"]]
     assert record["episodes"] and steps == sorted(steps) and steps[-1] <= 512
@@ -51,12 +71,30 @@ def test_ppo_driver_writes_each_runs_curve(tmp_path, agent):
 def test_sheeprl_driver_runs_both_halves_through_a_resume(tmp_path):
     pytest.importorskip("sheeprl")
     out = tmp_path / "sheeprl.json"
-    command = [sys.executable, os.path.join(ROOT, "benchmarks", "agents", "sheeprl_dreamer.py"), "--variants",
-               "stock", "swap", "--seeds", "1", "--steps", "256", "--workers", "1", "--work", str(tmp_path / "work"),
-               "--json", str(out), "algo.learning_starts=64", "algo.per_rank_batch_size=2",
-               "algo.per_rank_sequence_length=8", "algo.horizon=5"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT,
-                            env={**os.environ, "KERAS_BACKEND": "torch"})
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "benchmarks", "agents", "sheeprl_dreamer.py"),
+        "--variants",
+        "stock",
+        "swap",
+        "--seeds",
+        "1",
+        "--steps",
+        "256",
+        "--workers",
+        "1",
+        "--work",
+        str(tmp_path / "work"),
+        "--json",
+        str(out),
+        "algo.learning_starts=64",
+        "algo.per_rank_batch_size=2",
+        "algo.per_rank_sequence_length=8",
+        "algo.horizon=5",
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, cwd=ROOT, env={**os.environ, "KERAS_BACKEND": "torch"}
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     for variant in ("stock", "swap"):
@@ -67,7 +105,6 @@ def test_sheeprl_driver_runs_both_halves_through_a_resume(tmp_path):
         assert max(s for s, _ in first["episodes"]) <= 128 < min(s for s, _ in resumed["episodes"])
         assert max(s for s, _ in resumed["episodes"]) <= 256 and first["cpu_s"] > 0
     png = tmp_path / "sheeprl.png"
-    plot = [sys.executable, os.path.join(ROOT, "benchmarks", "agents", "plot_curves.py"), "sheeprl", str(out),
-            str(png)]
+    plot = [sys.executable, os.path.join(ROOT, "benchmarks", "agents", "plot_curves.py"), "sheeprl", str(out), str(png)]
     assert subprocess.run(plot, capture_output=True, text=True, timeout=300, cwd=ROOT).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -43,8 +43,10 @@ def _variants():
 def _layers(critic, ema):
     """`[(kernel [in, u], gamma, beta), ...], (head kernel [u, 255], bias)` in Keras's layout."""
     mlp, head = (critic.mlp_ema, critic.return_layer_ema) if ema else (critic.mlp, critic.return_layer)
-    layers = [tuple(to_np(v.value) for v in (d.kernel, n.gamma, n.beta))
-              for d, n in zip(mlp.dense_layers, mlp.layer_normalizations)]
+    layers = [
+        tuple(to_np(v.value) for v in (d.kernel, n.gamma, n.beta))
+        for d, n in zip(mlp.dense_layers, mlp.layer_normalizations)
+    ]
     dense = head.reward_buckets_layer
     return layers, (to_np(dense.kernel.value), to_np(dense.bias.value))
 
@@ -64,15 +66,19 @@ def _native(critic, in_dim, variant):
 
         def tree(structured):
             mlp, (kernel, bias) = structured
-            return {"mlp": [{"kernel": k, "gamma": g, "beta": b} for k, g, b in mlp],
-                    "head": {"kernel": kernel, "bias": bias}}
+            return {
+                "mlp": [{"kernel": k, "gamma": g, "beta": b} for k, g, b in mlp],
+                "head": {"kernel": kernel, "bias": bias},
+            }
 
         step = native.make_step(in_dim, units, layers, lr=LR, initial=(tree(fast), tree(ema)), **variant)
 
         def read(which):
             t = step.read(which)
             return [a for layer in t["mlp"] for a in (layer["kernel"], layer["gamma"], layer["beta"])] + [
-                t["head"]["kernel"], t["head"]["bias"]]
+                t["head"]["kernel"],
+                t["head"]["bias"],
+            ]
 
         return step, read
     if BACKEND == "torch":
@@ -91,9 +97,11 @@ def _native(critic, in_dim, variant):
 
         def read(which):
             d = step.read(which)
-            return [a for i in range(layers) for a in (
-                d[f"mlp.{3 * i}.weight"].T, d[f"mlp.{3 * i + 1}.weight"], d[f"mlp.{3 * i + 1}.bias"])] + [
-                d["head.weight"].T, d["head.bias"]]
+            return [
+                a
+                for i in range(layers)
+                for a in (d[f"mlp.{3 * i}.weight"].T, d[f"mlp.{3 * i + 1}.weight"], d[f"mlp.{3 * i + 1}.bias"])
+            ] + [d["head.weight"].T, d["head.bias"]]
 
         return step, read
     from benchmarks.native import native_tensorflow as native
@@ -104,8 +112,9 @@ def _native(critic, in_dim, variant):
 
 @pytest.mark.parametrize("variant", _variants(), ids=lambda v: "-".join(map(str, v.values())))
 def test_native_step_matches_critic_trainer(variant):
-    critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=16,
-                           num_z_categoricals=4, num_z_classes=4)
+    critic = CriticNetwork(
+        model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=16, num_z_categoricals=4, num_z_classes=4
+    )
     randomize(critic, seed=3, scale=0.3)
     rng = np.random.default_rng(7)
     for v in critic.ema_weights:  # an EMA copy that differs from the fast weights
@@ -116,14 +125,16 @@ def test_native_step_matches_critic_trainer(variant):
     for i in range(STEPS):
         h = np.tanh(rng.normal(size=(BATCH, critic.gru_units))).astype("float32")
         z = np.eye(critic.num_z_classes, dtype="float32")[
-            rng.integers(0, critic.num_z_classes, size=(BATCH, critic.num_z_categoricals))]
+            rng.integers(0, critic.num_z_classes, size=(BATCH, critic.num_z_categoricals))
+        ]
         targets = (rng.normal(size=BATCH) * 30).astype("float32")
         weights = rng.uniform(0.5, 1.0, size=BATCH).astype("float32")
         before = _flat(_layers(critic, False))
         theirs = step(*(keras.ops.convert_to_tensor(x) for x in (h, z, targets, weights)))
         ours = trainer.train_step(h, z, targets, weights)
-        np.testing.assert_allclose(float(to_np(theirs["total"])), float(to_np(ours["total"])), rtol=1e-5,
-                                   err_msg=f"step {i}")
+        np.testing.assert_allclose(
+            float(to_np(theirs["total"])), float(to_np(ours["total"])), rtol=1e-5, err_msg=f"step {i}"
+        )
         np.testing.assert_allclose(float(to_np(theirs["grad_norm"])), float(to_np(ours["grad_norm"])), rtol=1e-4)
         for g, w, b in zip(read("fast"), _flat(_layers(critic, False)), before):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

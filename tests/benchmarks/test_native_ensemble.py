@@ -94,7 +94,7 @@ def _native(critic, in_dim):
 
     def read(which):
         values = [v.numpy() for v in (model.fast if which == "fast" else model.ema)]
-        return [tuple(values[3 * i:3 * i + 3]) for i in range(layers)], (values[-2], values[-1])
+        return [tuple(values[3 * i : 3 * i + 3]) for i in range(layers)], (values[-2], values[-1])
 
     return model.step, read
 

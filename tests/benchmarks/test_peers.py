@@ -46,12 +46,32 @@ def _run(cmd, env=None):
 def test_peers_benchmark_runs(tmp_path):
     _require_peers()
     out = tmp_path / "peers.json"
-    result = _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers", "peers.py"), "--size", "nano",
-                   "--batch", "8", "--repeats", "2", "--block-seconds", "0.01", "--threads", "1", "--json", str(out)],
-                  env=dict(os.environ, KERAS_BACKEND="torch"))
+    result = _run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "peers", "peers.py"),
+            "--size",
+            "nano",
+            "--batch",
+            "8",
+            "--repeats",
+            "2",
+            "--block-seconds",
+            "0.01",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ],
+        env=dict(os.environ, KERAS_BACKEND="torch"),
+    )
     records = json.loads(out.read_text())
-    assert sorted((r["peer"], r["batch"]) for r in records) == [("rllib", 8), ("sheeprl", 8), ("sheeprl_compiled", 8),
-                                                                ("torchrl", 8)]
+    assert sorted((r["peer"], r["batch"]) for r in records) == [
+        ("rllib", 8),
+        ("sheeprl", 8),
+        ("sheeprl_compiled", 8),
+        ("torchrl", 8),
+    ]
     for r in records:
         assert r["size"] == "nano" and r["backend"] == "torch" and "skipped" not in r
         assert r["peer_ms"] > 0 and r["multicritic_ms"] > 0
@@ -68,8 +88,19 @@ def test_peers_benchmark_runs(tmp_path):
 def test_host_training_benchmark_runs(tmp_path):
     _require_peers()
     out = tmp_path / "host.json"
-    result = _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers", "host_training.py"), "--steps", "32",
-                   "--repeats", "1", "--json", str(out)], env=dict(os.environ, KERAS_BACKEND="torch"))
+    result = _run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "peers", "host_training.py"),
+            "--steps",
+            "32",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ],
+        env=dict(os.environ, KERAS_BACKEND="torch"),
+    )
     (record,) = json.loads(out.read_text())
     assert record["steps"] == 32 and len(record["stock_s_all"]) == len(record["swap_s_all"]) == 1
     assert record["stock_s"] > 0 and record["swap_s"] > 0 and record["keras_import_s"] > 0
@@ -81,8 +112,21 @@ def test_host_training_benchmark_runs(tmp_path):
 def test_host_training_benchmark_runs_rllib(tmp_path):
     _require_peers()
     out = tmp_path / "host.json"
-    _run([sys.executable, os.path.join(ROOT, "benchmarks", "peers", "host_training.py"), "--host", "rllib",
-          "--iterations", "3", "--repeats", "1", "--json", str(out)], env=dict(os.environ, KERAS_BACKEND="torch"))
+    _run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "peers", "host_training.py"),
+            "--host",
+            "rllib",
+            "--iterations",
+            "3",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ],
+        env=dict(os.environ, KERAS_BACKEND="torch"),
+    )
     (record,) = json.loads(out.read_text())
     assert record["host"].startswith("RLlib") and record["iterations"] == 3
     assert record["stock_s"] > 0 and record["swap_s"] > 0 and record["keras_import_s"] > 0
@@ -93,15 +137,31 @@ def test_official_benchmark_runs(tmp_path):
     """The official JAX code in its own environment (tests/data/interop/official/
     generate_official_critic_goldens.py says how to build it); paired with multicritic's JAX step when this
     Python has JAX."""
-    if not os.path.isfile(OFFICIAL_PYTHON) or not os.path.isdir(os.environ.get("OFFICIAL_SRC",
-                                                                               "/tmp/official_work/src")):
+    if not os.path.isfile(OFFICIAL_PYTHON) or not os.path.isdir(
+        os.environ.get("OFFICIAL_SRC", "/tmp/official_work/src")
+    ):
         pytest.skip(f"no official DreamerV3 environment ({OFFICIAL_PYTHON}; MULTICRITIC_OFFICIAL_PYTHON sets it)")
     pair = importlib.util.find_spec("jax") is not None
     out = tmp_path / "official.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    _run([OFFICIAL_PYTHON, os.path.join(ROOT, "benchmarks", "peers", "peers_official.py"), "--size", "nano",
-          "--batch", "8", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)]
-         + (["--pair-python", sys.executable] if pair else []), env=env)
+    _run(
+        [
+            OFFICIAL_PYTHON,
+            os.path.join(ROOT, "benchmarks", "peers", "peers_official.py"),
+            "--size",
+            "nano",
+            "--batch",
+            "8",
+            "--repeats",
+            "2",
+            "--block-seconds",
+            "0.01",
+            "--json",
+            str(out),
+        ]
+        + (["--pair-python", sys.executable] if pair else []),
+        env=env,
+    )
     (record,) = json.loads(out.read_text())
     assert record["peer"] == "official" and record["batch"] == 8 and record["peer_ms"] > 0
     if pair:
@@ -109,7 +169,7 @@ def test_official_benchmark_runs(tmp_path):
 
 
 def test_official_sizes_are_multicritics():
-    from multicritic.sizes import _KEYS, _MODEL_DIMS
+    from multicritic.model.sizes import _KEYS, _MODEL_DIMS
 
     assert peers_official.MODEL_DIMS == _MODEL_DIMS and peers_official.DIM_KEYS == _KEYS
 

@@ -18,10 +18,30 @@ def test_train_step_benchmark_runs(tmp_path):
     ours = "multicritic_eager" if BACKEND == "torch" else "multicritic"
     out = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "train_step.py"), "--backend", BACKEND,
-         "--size", "nano", "--batch", "8", "16", "--repeats", "2", "--block-seconds", "0.01", "--impls", ours,
-         "native", "--json", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "ours", "train_step.py"),
+            "--backend",
+            BACKEND,
+            "--size",
+            "nano",
+            "--batch",
+            "8",
+            "16",
+            "--repeats",
+            "2",
+            "--block-seconds",
+            "0.01",
+            "--impls",
+            ours,
+            "native",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = json.loads(out.read_text())
@@ -43,9 +63,26 @@ def test_baseline_variants_benchmark_runs(tmp_path):
     native = __import__(f"benchmarks.native.native_{BACKEND}", fromlist=["VARIANTS"])
     out = tmp_path / "variants.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "baseline_variants.py"), "--backend", BACKEND,
-         "--size", "nano", "--batch", "8", "--repeats", "1", "--block-seconds", "0.01", "--json", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "ours", "baseline_variants.py"),
+            "--backend",
+            BACKEND,
+            "--size",
+            "nano",
+            "--batch",
+            "8",
+            "--repeats",
+            "1",
+            "--block-seconds",
+            "0.01",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = json.loads(out.read_text())
@@ -65,13 +102,31 @@ def test_step_flops_formula():
 
 
 def test_export_latency_benchmark_runs(tmp_path):
-    from multicritic.export import SUPPORTED
+    from multicritic.files.export import SUPPORTED
 
     out = tmp_path / "latency.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "export_latency.py"), "--backend", BACKEND,
-         "--size", "nano", "--batch", "1", "4", "--repeats", "2", "--block-seconds", "0.01", "--json", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "ours", "export_latency.py"),
+            "--backend",
+            BACKEND,
+            "--size",
+            "nano",
+            "--batch",
+            "1",
+            "4",
+            "--repeats",
+            "2",
+            "--block-seconds",
+            "0.01",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = json.loads(out.read_text())
@@ -85,9 +140,21 @@ def test_export_latency_benchmark_runs(tmp_path):
 def test_forward_views_benchmark_runs(tmp_path):
     out = tmp_path / "views.json"
     subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "forward_views.py"), "--case", "nano:2",
-         "--repeats", "1", "--block-seconds", "0.01", "--json", str(out)],
-        check=True, cwd=ROOT, env={**os.environ, "KERAS_BACKEND": "torch"},
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "ours", "forward_views.py"),
+            "--case",
+            "nano:2",
+            "--repeats",
+            "1",
+            "--block-seconds",
+            "0.01",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "KERAS_BACKEND": "torch"},
     )
     records = json.loads(out.read_text())
     assert {r["entry"] for r in records} >= {"fast_module(latent)", "critic(h, z)"}
@@ -115,7 +182,7 @@ def test_decode_cost_variants_are_the_library_decode_and_its_neighbours():
     import torch
 
     from benchmarks.ours.decode_cost import decoders, variants
-    from multicritic.bins import expected_value
+    from multicritic.math.bins import expected_value
 
     torch.manual_seed(1)
     probs = torch.softmax(torch.randn(64, 255) * 3.0, -1)
@@ -132,10 +199,27 @@ def test_first_input_benchmark_runs_and_both_ways_compute_the_same_loss(tmp_path
     # are split or concatenated by the benchmark's switch; the plain graph / eager step (no compilation here).
     out = tmp_path / "first_input.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "first_input.py"), "--backend", BACKEND,
-         "--size", "nano", "--batch", "64", "--repeats", "2", "--block-seconds", "0.01", "--graph",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "ours", "first_input.py"),
+            "--backend",
+            BACKEND,
+            "--size",
+            "nano",
+            "--batch",
+            "64",
+            "--repeats",
+            "2",
+            "--block-seconds",
+            "0.01",
+            "--graph",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = json.loads(out.read_text())
@@ -150,9 +234,26 @@ def test_targets_benchmark_runs_rounds_and_reads_each_against_its_bound(tmp_path
     # One step target of this backend at batch 256, nano, two rounds of one short block (two processes each).
     out = tmp_path / "targets.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "targets.py"), "--only", f"{BACKEND}-256",
-         "--rounds", "2", "--repeats", "1", "--size", "nano", "--block-seconds", "0.01", "--json", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "ours", "targets.py"),
+            "--only",
+            f"{BACKEND}-256",
+            "--rounds",
+            "2",
+            "--repeats",
+            "1",
+            "--size",
+            "nano",
+            "--block-seconds",
+            "0.01",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -184,10 +285,28 @@ def test_targets_read_a_step_as_native_over_ours_and_an_ensemble_as_ours_over_na
 def test_extras_cost_benchmark_runs_and_each_variant_trains_to_the_same_first_loss(tmp_path):
     out = tmp_path / "extras.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "extras_cost.py"), "--backend", BACKEND,
-         "--size", "nano", "--batch", "16", "--members", "2", "--repeats", "1", "--block-seconds", "0.01",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "ours", "extras_cost.py"),
+            "--backend",
+            BACKEND,
+            "--size",
+            "nano",
+            "--batch",
+            "16",
+            "--members",
+            "2",
+            "--repeats",
+            "1",
+            "--block-seconds",
+            "0.01",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = json.loads(out.read_text())
@@ -228,13 +347,17 @@ ENTRY %main (a: f32[8], b: f32[8,8]) -> (f32[8], f32[8]) {
     # By source: the outer jit's name dropped; an instruction without metadata under "?".
     assert entry_sources(hlo) == {"jvp()/neg": 1, "?": 1}
     # The compared steps (`multicritic_core` and the native one); the third is in the counts' table only.
-    records = [{"backend": "jax", "batch": 8, "impl": "multicritic", "sources": {"jvp()/neg": 9}},
-               {"backend": "jax", "batch": 8, "impl": "multicritic_core",
-                "sources": {"jvp()/neg": 4, "?": 1, "adam/add": 2}},
-               {"backend": "jax", "batch": 8, "impl": "native", "sources": {"jvp()/neg": 1, "?": 1, "add": 4}}]
+    records = [
+        {"backend": "jax", "batch": 8, "impl": "multicritic", "sources": {"jvp()/neg": 9}},
+        {"backend": "jax", "batch": 8, "impl": "multicritic_core", "sources": {"jvp()/neg": 4, "?": 1, "adam/add": 2}},
+        {"backend": "jax", "batch": 8, "impl": "native", "sources": {"jvp()/neg": 1, "?": 1, "add": 4}},
+    ]
     rows = source_table(records).splitlines()[2:]
-    assert rows == ["| jax | 8 | `jvp()/neg` | 4 | 1 |", "| jax | 8 | `adam/add` | 2 | 0 |",
-                    "| jax | 8 | `add` | 0 | 4 |"]
+    assert rows == [
+        "| jax | 8 | `jvp()/neg` | 4 | 1 |",
+        "| jax | 8 | `adam/add` | 2 | 0 |",
+        "| jax | 8 | `add` | 0 | 4 |",
+    ]
 
 
 def test_step_kernels_profile_sums_each_instructions_time_by_source():
@@ -252,28 +375,43 @@ ENTRY %main (a: f32[8]) -> f32[8] {
 """
     assert module_name(hlo) == "jit_step"
     # Two steps of a trace: events that name no HLO instruction (the host's) are left out; per module.
-    trace = {"traceEvents": [
-        {"ph": "X", "name": "fusion", "dur": 10.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion"}},
-        {"ph": "X", "name": "fusion", "dur": 14.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion"}},
-        {"ph": "X", "name": "k", "dur": 6.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion.1"}},
-        {"ph": "X", "name": "k", "dur": 4.0, "args": {"hlo_module": "jit_step", "hlo_op": "while.body.3"}},
-        {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 99.0},
-        {"ph": "X", "name": "fusion", "dur": 50.0, "args": {"hlo_module": "jit_other", "hlo_op": "fusion"}},
-        {"ph": "M", "name": "process_name", "args": {"name": "/host:CPU"}},
-    ]}
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "name": "fusion", "dur": 10.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion"}},
+            {"ph": "X", "name": "fusion", "dur": 14.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion"}},
+            {"ph": "X", "name": "k", "dur": 6.0, "args": {"hlo_module": "jit_step", "hlo_op": "fusion.1"}},
+            {"ph": "X", "name": "k", "dur": 4.0, "args": {"hlo_module": "jit_step", "hlo_op": "while.body.3"}},
+            {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 99.0},
+            {"ph": "X", "name": "fusion", "dur": 50.0, "args": {"hlo_module": "jit_other", "hlo_op": "fusion"}},
+            {"ph": "M", "name": "process_name", "args": {"name": "/host:CPU"}},
+        ]
+    }
     times = op_times(trace, steps=2)
     assert times == {"jit_step": {"fusion": 12.0, "fusion.1": 3.0, "while.body.3": 2.0}, "jit_other": {"fusion": 25.0}}
     both = {"jit_step(2)": {"fusion": 1.0}, "jit_stepper": {"fusion": 5.0}}
     assert step_op_times(dict(times, **both), "jit_step") == {"fusion": 13.0, "fusion.1": 3.0, "while.body.3": 2.0}
     assert source_times(hlo, times["jit_step"]) == {"jvp()/neg": 12.0, "adam/add": 3.0, "(not in entry)": 2.0}
-    records = [{"backend": "jax", "batch": 8, "impl": "multicritic_core",
-                "profile": {"wall_us": 30.0, "total_us": 17.0, "op_us": {"jvp()/neg": 12.0, "adam/add": 3.0}}},
-               {"backend": "jax", "batch": 8, "impl": "native",
-                "profile": {"wall_us": 20.0, "total_us": 9.0, "op_us": {"jvp()/neg": 2.0, "add": 7.0}}}]
+    records = [
+        {
+            "backend": "jax",
+            "batch": 8,
+            "impl": "multicritic_core",
+            "profile": {"wall_us": 30.0, "total_us": 17.0, "op_us": {"jvp()/neg": 12.0, "adam/add": 3.0}},
+        },
+        {
+            "backend": "jax",
+            "batch": 8,
+            "impl": "native",
+            "profile": {"wall_us": 20.0, "total_us": 9.0, "op_us": {"jvp()/neg": 2.0, "add": 7.0}},
+        },
+    ]
     assert time_table(records).splitlines()[2:] == [
-        "| jax | 8 | wall time a step | 30.0 | 20.0 |", "| jax | 8 | instructions' time, summed | 17.0 | 9.0 |",
-        "| jax | 8 | `jvp()/neg` | 12.0 | 2.0 |", "| jax | 8 | `adam/add` | 3.0 | 0.0 |",
-        "| jax | 8 | `add` | 0.0 | 7.0 |"]
+        "| jax | 8 | wall time a step | 30.0 | 20.0 |",
+        "| jax | 8 | instructions' time, summed | 17.0 | 9.0 |",
+        "| jax | 8 | `jvp()/neg` | 12.0 | 2.0 |",
+        "| jax | 8 | `adam/add` | 3.0 | 0.0 |",
+        "| jax | 8 | `add` | 0.0 | 7.0 |",
+    ]
     # A machine whose profiler failed still gets its counts; the table says which step was not profiled.
     records[1]["profile"] = {"wall_us": 20.0, "total_us": 0.0, "op_us": {}, "error": "RuntimeError: no CUPTI"}
     assert "| jax | 8 | native: not profiled (RuntimeError: no CUPTI) | | |" in time_table(records).splitlines()
@@ -283,11 +421,14 @@ def test_step_kernels_reads_inductors_launches_from_its_wrapper_code():
     sys.path.insert(0, ROOT)
     from benchmarks.ours.step_kernels import _LAUNCH
 
-    lines = {"    cpp_fused_add_mul_3(buf0, arg1_1)": "cpp_fused_add_mul_3",
-             "    triton_poi_fused_add_0.run(buf1, xnumel, stream=stream0)": "triton_poi_fused_add_0",
-             "    extern_kernels.mm(buf0, arg2_1, out=buf1)": "extern_kernels.mm",
-             "    buf4 = torch.ops.aten.gather.default(buf3, 1, buf2)": "torch.ops.aten.gather",
-             "    del buf0": None, "    buf1 = empty_strided_cpu((8, 8), (8, 1), torch.float32)": None}
+    lines = {
+        "    cpp_fused_add_mul_3(buf0, arg1_1)": "cpp_fused_add_mul_3",
+        "    triton_poi_fused_add_0.run(buf1, xnumel, stream=stream0)": "triton_poi_fused_add_0",
+        "    extern_kernels.mm(buf0, arg2_1, out=buf1)": "extern_kernels.mm",
+        "    buf4 = torch.ops.aten.gather.default(buf3, 1, buf2)": "torch.ops.aten.gather",
+        "    del buf0": None,
+        "    buf1 = empty_strided_cpu((8, 8), (8, 1), torch.float32)": None,
+    }
     for line, kernel in lines.items():
         found = _LAUNCH.match(line)
         assert (found and next(g for g in found.groups() if g)) == kernel, line
@@ -300,10 +441,24 @@ def test_xla_step_has_at_most_a_tenth_more_instructions_than_the_native_step(tmp
     # cost); the default step's diagnostics are the rest. XS, batch 256 (a launch-bound size on a GPU).
     out = tmp_path / "kernels.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "ours", "step_kernels.py"), "--backend", BACKEND,
-         "--size", "XS", "--batch", "256", "--by-source", "--json", str(out)]
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "ours", "step_kernels.py"),
+            "--backend",
+            BACKEND,
+            "--size",
+            "XS",
+            "--batch",
+            "256",
+            "--by-source",
+            "--json",
+            str(out),
+        ]
         + (["--profile", "--profile-steps", "2"] if BACKEND == "jax" else []),
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = json.loads(out.read_text())
@@ -328,13 +483,15 @@ def test_device_profile_counts_the_gpus_kernels_and_busy_time():
     from benchmarks.device_profile import busy_and_count, device_events
 
     # PyTorch's Chrome trace: device events by category; host events (cuda runtime calls, ops) left out.
-    torch_trace = {"traceEvents": [
-        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0.0, "dur": 10.0},
-        {"ph": "X", "cat": "kernel", "name": "add", "ts": 5.0, "dur": 10.0},  # overlaps: busy 0-15
-        {"ph": "X", "cat": "gpu_memcpy", "name": "copy", "ts": 20.0, "dur": 2.0},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0.0, "dur": 3.0},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 30.0},
-    ]}
+    torch_trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0.0, "dur": 10.0},
+            {"ph": "X", "cat": "kernel", "name": "add", "ts": 5.0, "dur": 10.0},  # overlaps: busy 0-15
+            {"ph": "X", "cat": "gpu_memcpy", "name": "copy", "ts": 20.0, "dur": 2.0},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0.0, "dur": 3.0},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 30.0},
+        ]
+    }
     events = device_events(torch_trace)
     assert [e["name"] for e in events] == ["gemm", "add", "copy"]
     assert busy_and_count(events, steps=2) == (1.5, 8.5)

@@ -61,8 +61,22 @@ def test_tiny_demo_learns_every_scale():
 def test_demo_command_writes_json_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "demo.json", tmp_path / "demo.png"
-    code = main(["demo", "--size", "nano", "--steps", "30", "--scales", "1,1e6", "--no-progress",
-                 "--json", str(out), "--plot", str(png)])
+    code = main(
+        [
+            "demo",
+            "--size",
+            "nano",
+            "--steps",
+            "30",
+            "--scales",
+            "1,1e6",
+            "--no-progress",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     assert code == 0
     data = json.loads(out.read_text())
     assert data["backend"] == BACKEND
@@ -77,8 +91,24 @@ def test_demo_command_writes_json_and_plot(tmp_path):
 
 def test_ensemble_demo_reports_spread_error_correlations(tmp_path, capsys):
     out = tmp_path / "demo.json"
-    code = main(["demo", "--ensemble", "3", "--head", "hl_gauss", "--size", "nano", "--steps", "20",
-                 "--scales", "1e6", "--no-progress", "--json", str(out)])
+    code = main(
+        [
+            "demo",
+            "--ensemble",
+            "3",
+            "--head",
+            "hl_gauss",
+            "--size",
+            "nano",
+            "--steps",
+            "20",
+            "--scales",
+            "1e6",
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "uniform_symlog bins, hl_gauss head, ensemble of 3 (mean)" in printed
@@ -86,7 +116,11 @@ def test_ensemble_demo_reports_spread_error_correlations(tmp_path, capsys):
     data = json.loads(out.read_text())
     config = data["config"]
     assert (config["head"], config["ensemble"], config["aggregation"], config["bin_scheme"]) == (
-        "hl_gauss", 3, "mean", "uniform_symlog")
+        "hl_gauss",
+        3,
+        "mean",
+        "uniform_symlog",
+    )
     for s in data["scales"]:
         for key in ("member_spread_error_pearson", "member_spread_error_spearman"):
             assert isinstance(s[key], float) and math.isfinite(s[key]) and -1.0 <= s[key] <= 1.0, (key, s[key])
@@ -131,8 +165,9 @@ def test_a_step_that_cannot_be_compiled_falls_back_once(monkeypatch):
 
 @pytest.mark.parametrize("aggregation", ["members", "min_of_random"])
 def test_other_aggregations_run(aggregation):
-    config = DemoConfig(size="nano", steps=2, num_states=8, scales=(1.0,), eval_every=1, ensemble=2,
-                        aggregation=aggregation)
+    config = DemoConfig(
+        size="nano", steps=2, num_states=8, scales=(1.0,), eval_every=1, ensemble=2, aggregation=aggregation
+    )
     [result] = run_demo(config, progress=False, log=lambda *_: None)
     assert math.isfinite(result.relative_rmse) and len(result.member_spreads) == 8
     assert -1.0 <= result.member_spread_error_spearman <= 1.0
@@ -145,10 +180,14 @@ def test_other_aggregations_run(aggregation):
         (["demo", "--backend", "mxnet"], "--backend: got 'mxnet'"),
         (["demo", "--json", "/nonexistent-dir/x.json"], "--json: cannot write '/nonexistent-dir/x.json'"),
         (["demo", "--bin-scheme", "log"], "--bin-scheme: got 'log'"),
-        (["demo", "--head", "softmax"],
-         "--head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse', 'quantile']"),
-        (["demo", "--head", "hl_gauss", "--bin-scheme", "symexp"],
-         "--bin-scheme: got 'symexp', expected one of ['uniform_symlog'] with --head hl_gauss"),
+        (
+            ["demo", "--head", "softmax"],
+            "--head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse', 'quantile']",
+        ),
+        (
+            ["demo", "--head", "hl_gauss", "--bin-scheme", "symexp"],
+            "--bin-scheme: got 'symexp', expected one of ['uniform_symlog'] with --head hl_gauss",
+        ),
         (["demo", "--ensemble", "0"], "--ensemble: got 0, expected an integer in [1, 64]"),
         (["demo", "--ensemble", "1000"], "--ensemble: got 1000, expected an integer in [1, 64]"),
         (["demo", "--ensemble", "two"], "argument --ensemble: invalid int value: 'two'"),
@@ -163,8 +202,10 @@ def test_other_aggregations_run(aggregation):
         (["demo", "--scales", "1,-1e3"], "--scales: got -1000.0, expected finite numbers > 0"),
         (["demo", "--scales", "0"], "--scales: got 0.0, expected finite numbers > 0"),
         (["demo", "--scales", "1,,2"], "--scales: got '1,,2', expected comma-separated numbers"),
-        (["demo", "--scales", "1e39"],
-         "--scales: got 1e+39, whose exact values reach 3.75e+39, outside the critic's value support +-4.85e+08"),
+        (
+            ["demo", "--scales", "1e39"],
+            "--scales: got 1e+39, whose exact values reach 3.75e+39, outside the critic's value support +-4.85e+08",
+        ),
         (["demo", "--scales", "1,1e9"], "--scales: got 1e+09, whose exact values reach 3.75e+09"),
         (["demo", "--scales", "1e-7"], "--scales: got 1e-07, expected scales >= 1e-06"),
         (["demo", "--plot", "out.xyz"], "--plot: 'out.xyz' has extension '.xyz', expected one of .eps"),
@@ -256,8 +297,21 @@ def test_backend_flag_wins_over_an_uninstalled_keras_backend(blocking, tmp_path)
     missing = other_backend()
     out = tmp_path / "demo.json"
     env = {"PYTHONPATH": blocking, "MULTICRITIC_TEST_BLOCK": missing, "KERAS_BACKEND": missing}
-    result = run_cli("demo", "--backend", BACKEND, "--size", "nano", "--steps", "2", "--scales", "1",
-                     "--no-progress", "--json", str(out), env=env)
+    result = run_cli(
+        "demo",
+        "--backend",
+        BACKEND,
+        "--size",
+        "nano",
+        "--steps",
+        "2",
+        "--scales",
+        "1",
+        "--no-progress",
+        "--json",
+        str(out),
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     assert f"multicritic demo: backend {BACKEND}," in result.stdout
     assert json.loads(out.read_text())["backend"] == BACKEND
@@ -270,16 +324,17 @@ def test_check_passes_on_this_backend():
         row = next(line for line in ok.stdout.splitlines() if line.startswith(f"{BACKEND}:{config} "))
         # One backend: only eager vs compiled is checked; the rest says so.
         cells = row.split()
-        assert float(cells[1]) <= 1e-5 and cells[2:10] == ["n/a"] * 8, row
-        assert cells[10:] == ["ok", "(one", "backend:", "compiled", "only)"], row
+        # compiled, then host ("0.00e+00": the host's round trip exact, "-": no host), then 8 cross-backend cells.
+        assert float(cells[1]) <= 1e-5 and cells[2] in ("0.00e+00", "-") and cells[3:11] == ["n/a"] * 8, row
+        assert cells[11:] == ["ok", "(one", "backend:", "compiled", "only)"], row
     assert "NOT compared across backends" in ok.stdout
-    # That a perturbed compiled path fails the check: tests/test_check.py (in process), and through this CLI
+    # That a perturbed compiled path fails the check: tests/cli/test_check.py (in process), and through this CLI
     # across real backends in the cross-backend session.
 
 
 @pytest.mark.cross_backend
 def test_check_agrees_across_all_installed_backends():
-    from multicritic.check import installed_backends
+    from multicritic.cli.check import installed_backends
 
     if len(installed_backends()) < 2:
         pytest.skip("needs two or more backends installed")
@@ -303,14 +358,28 @@ def test_every_plot_format_offered_is_one_matplotlib_writes():
 
 @pytest.mark.cross_backend
 def test_main_in_process_reruns_the_demo_on_another_backend(tmp_path, capfd):
-    from multicritic.check import installed_backends
+    from multicritic.cli.check import installed_backends
 
     others = [b for b in ("jax", "torch", "tensorflow") if b in installed_backends() and b != BACKEND]
     if not others:
         pytest.skip("needs a second backend installed")
     out = tmp_path / "demo.json"
-    code = main(["demo", "--backend", others[0], "--size", "nano", "--steps", "2", "--scales", "1", "--no-progress",
-                 "--json", str(out)])
+    code = main(
+        [
+            "demo",
+            "--backend",
+            others[0],
+            "--size",
+            "nano",
+            "--steps",
+            "2",
+            "--scales",
+            "1",
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0, capfd.readouterr().err
     assert json.loads(out.read_text())["backend"] == others[0]
     assert f"multicritic demo: backend {others[0]}," in capfd.readouterr().out
@@ -322,7 +391,8 @@ def test_plot_without_an_importable_matplotlib_is_a_one_line_error(blocking, tmp
     broken = tmp_path / "broken"
     (broken / "matplotlib").mkdir(parents=True)
     (broken / "matplotlib" / "__init__.py").write_text(
-        "raise ImportError('matplotlib is broken: its compiled part is missing')\n")
+        "raise ImportError('matplotlib is broken: its compiled part is missing')\n"
+    )
     out = tmp_path / "out.png"
     args = ("demo", "--size", "nano", "--steps", "1", "--scales", "1", "--no-progress", "--plot", str(out))
     cases = [
@@ -343,10 +413,17 @@ def test_the_demo_does_not_import_tensorflow_on_another_backend():
 
     if BACKEND == "tensorflow":
         pytest.skip("TensorFlow is the backend")
-    code = ("import sys\nfrom multicritic.demo.run import DemoConfig, run_demo\n"
-            "run_demo(DemoConfig(size='nano', steps=2, num_states=8, eval_every=1, scales=(1.0,), ensemble=2), "
-            "progress=False)\nprint('tensorflow' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "KERAS_BACKEND": BACKEND})
+    code = (
+        "import sys\nfrom multicritic.demo.run import DemoConfig, run_demo\n"
+        "run_demo(DemoConfig(size='nano', steps=2, num_states=8, eval_every=1, scales=(1.0,), ensemble=2), "
+        "progress=False)\nprint('tensorflow' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KERAS_BACKEND": BACKEND},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"

@@ -4,8 +4,14 @@ import re
 import numpy as np
 import pytest
 
-from multicritic import bins, critic, heads, sizes
-from multicritic.bins import symexp
+from multicritic import heads
+
+from multicritic.math import bins
+
+from multicritic.model import critic
+
+from multicritic.model import sizes
+from multicritic.math.bins import symexp
 from multicritic.demo import config as demo_config
 from multicritic.demo.config import MAX_ABS_VALUE, MAX_SEED, DemoConfig, check_config, demo_mdp
 from multicritic.demo.run import run_demo
@@ -17,20 +23,23 @@ def test_keras_free_copies_match_the_real_lists():
     assert demo_config.BIN_SCHEMES == bins.BIN_SCHEMES
     assert demo_config.HEADS == tuple(heads.HEADS)
     assert demo_config.AGGREGATIONS == critic.AGGREGATIONS
-    from multicritic import presets
+    from multicritic.training import presets
 
     assert demo_config.PRESETS == presets.PRESETS
     for name in presets.PRESETS:
         assert demo_config._PRESET_BINS[name] == presets.options(name, None if name == "rllib-2023" else "1m")[
-            "critic"].get("bin_scheme", "uniform_symlog")
+            "critic"
+        ].get("bin_scheme", "uniform_symlog")
 
 
 def test_presets_are_checked():
     assert DemoConfig(preset="rllib-2023").bin_scheme == "uniform_symlog"
     assert DemoConfig(preset="dreamerv3-2024").bin_scheme == "symexp"
-    for bad, match in (({"preset": "dreamer"}, "preset: got 'dreamer'"),
-                       ({"preset": "rllib-2023", "head": "mse"}, "head: got 'mse'"),
-                       ({"preset": "rllib-2023", "bin_scheme": "symexp"}, "bin_scheme: got 'symexp'")):
+    for bad, match in (
+        ({"preset": "dreamer"}, "preset: got 'dreamer'"),
+        ({"preset": "rllib-2023", "head": "mse"}, "head: got 'mse'"),
+        ({"preset": "rllib-2023", "bin_scheme": "symexp"}, "bin_scheme: got 'symexp'"),
+    ):
         with pytest.raises(ValueError, match=match):
             check_config(DemoConfig(**bad))
 
@@ -81,15 +90,19 @@ def test_scale_limit_is_where_the_exact_values_leave_the_support():
         ({"horizon": 0}, "horizon: got 0"),
         ({"head": "softmax"}, "head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse', 'quantile']"),
         ({"head": None}, "head: got None"),
-        ({"head": "hl_gauss", "bin_scheme": "symexp"},
-         "bin_scheme: got 'symexp', expected one of ['uniform_symlog'] with head hl_gauss"),
+        (
+            {"head": "hl_gauss", "bin_scheme": "symexp"},
+            "bin_scheme: got 'symexp', expected one of ['uniform_symlog'] with head hl_gauss",
+        ),
         ({"ensemble": 0}, "ensemble: got 0, expected an integer in [1, 64]"),
         ({"ensemble": 65}, "ensemble: got 65, expected an integer in [1, 64]"),
         ({"ensemble": 2.0}, "ensemble: got 2.0"),
         ({"ensemble": True}, "ensemble: got True"),
         ({"aggregation": "max"}, "aggregation: got 'max', expected one of ['mean', 'min', 'min_of_random', 'members']"),
-        ({"aggregation": "min_of_random"},
-         "aggregation: got 'min_of_random' with ensemble 1, expected an ensemble of 2"),
+        (
+            {"aggregation": "min_of_random"},
+            "aggregation: got 'min_of_random' with ensemble 1, expected an ensemble of 2",
+        ),
     ],
 )
 def test_bad_settings_are_refused(changes, message):
@@ -120,8 +133,9 @@ def test_bin_scheme_defaults_to_what_the_head_supports():
 
 def test_new_options_name_their_flags():
     flags = {"head": "--head", "ensemble": "--ensemble", "aggregation": "--aggregation", "bin_scheme": "--bin-scheme"}
-    with pytest.raises(ValueError,
-                       match=r"^--bin-scheme: got 'symexp', expected one of \['uniform_symlog'\] with --head hl_gauss"):
+    with pytest.raises(
+        ValueError, match=r"^--bin-scheme: got 'symexp', expected one of \['uniform_symlog'\] with --head hl_gauss"
+    ):
         check_config(DemoConfig(head="hl_gauss", bin_scheme="symexp"), flags)
     with pytest.raises(ValueError, match=r"^--aggregation: got 'min_of_random' with --ensemble 1"):
         check_config(DemoConfig(aggregation="min_of_random"), flags)
@@ -132,11 +146,15 @@ def test_new_options_name_their_flags():
 def test_run_demo_refuses_before_any_work():
     logged = []
     with pytest.raises(ValueError, match="scales: got inf"):
-        run_demo(DemoConfig(size="nano", steps=1, num_states=8, scales=(1.0, math.inf)), progress=False,
-                 log=logged.append)
+        run_demo(
+            DemoConfig(size="nano", steps=1, num_states=8, scales=(1.0, math.inf)), progress=False, log=logged.append
+        )
     with pytest.raises(ValueError, match="bin_scheme: got 'symexp'"):
-        run_demo(DemoConfig(size="nano", steps=1, num_states=8, head="hl_gauss", bin_scheme="symexp"), progress=False,
-                 log=logged.append)
+        run_demo(
+            DemoConfig(size="nano", steps=1, num_states=8, head="hl_gauss", bin_scheme="symexp"),
+            progress=False,
+            log=logged.append,
+        )
     assert logged == []  # not even the first scale was started
 
 

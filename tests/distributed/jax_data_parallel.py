@@ -18,9 +18,11 @@ def run():
     trainer = CriticTrainer(critic, learning_rate=1e-3)
     metrics = [trainer.train_step(*for_critic(KIND, b, "direct")) for b in batches("direct")]
     metrics += [trainer.train_on_dream(*for_critic(KIND, b, "dream")) for b in batches("dream")]
-    return critic, [keras.ops.convert_to_numpy(v.value) for v in critic.weights], [
-        {k: float(v) for k, v in m.items()} for m in metrics
-    ]
+    return (
+        critic,
+        [keras.ops.convert_to_numpy(v.value) for v in critic.weights],
+        [{k: float(v) for k, v in m.items()} for m in metrics],
+    )
 
 
 _, single_w, single_m = run()
@@ -35,8 +37,9 @@ print(
             "replicated": bool(kernel.sharding.is_fully_replicated) and len(kernel.sharding.device_set) == len(devices),
             "max_weight_diff": max(float(np.abs(a - b).max()) for a, b in zip(single_w, multi_w)),
             "max_loss_diff": max(abs(a["total"] - b["total"]) for a, b in zip(single_m, multi_m)),
-            "max_grad_norm_rel": max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"]
-                                     for a, b in zip(single_m, multi_m)),
+            "max_grad_norm_rel": max(
+                abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(single_m, multi_m)
+            ),
             # Every metric, relative to max(1, |single-device value|), as the TensorFlow test.
             "metric_keys_equal": all(set(a) == set(b) for a, b in zip(single_m, multi_m)),
             "metric_diffs": {

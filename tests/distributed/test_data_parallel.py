@@ -147,8 +147,13 @@ def test_torch_ddp_two_processes_equal_one(tmp_path, monkeypatch, kind):
     assert float(ranks[0]["m3_nonfinite_targets"]) == float(ranks[1]["m3_nonfinite_targets"]) == nan_targets / 2
     assert float(single["m3_nonfinite_targets"]) == nan_targets
     if kind == "multi":  # the normaliser's statistics are the global batch's on every rank
-        assert {"task.return_low", "task.return_high", "explore.return_mean", "explore.return_sqmean",
-                "explore.member_spread"} < set(gaps)
+        assert {
+            "task.return_low",
+            "task.return_high",
+            "explore.return_mean",
+            "explore.return_sqmean",
+            "explore.member_spread",
+        } < set(gaps)
     weight_keys = [k for k in single.files if k.startswith("w")]
     # fast and EMA (a MultiCritic: two critics, and normalisers of 3 (perc, debiased) and 2 (meanstd) variables)
     assert len(weight_keys) == (10 if kind == "single" else 25)

@@ -12,7 +12,7 @@ def test_three_official_updates_on_two_devices():
     import keras
 
     from multicritic import CriticTrainer
-    from multicritic.optimizers import LaProp
+    from multicritic.training.optimizers import LaProp
     from tests.test_official_2024 import GOLDENS, RUN, batches, load, official_critic, official_key
 
     if jax.device_count() < 2:

@@ -29,12 +29,15 @@ def run(strategy=None):
     h, z, targets, weights = batches("direct")[0]
     targets = targets.copy()
     targets[[1, 12]] = np.nan
-    metrics = [trainer.train_step(*for_critic(KIND, b, "direct"))
-               for b in batches("direct") + [(h, z, targets, weights)]]
+    metrics = [
+        trainer.train_step(*for_critic(KIND, b, "direct")) for b in batches("direct") + [(h, z, targets, weights)]
+    ]
     metrics += [trainer.train_on_dream(*for_critic(KIND, b, "dream")) for b in batches("dream")]
-    return [keras.ops.convert_to_numpy(v.value) for v in critic.weights], [
-        {k: float(keras.ops.convert_to_numpy(v)) for k, v in m.items()} for m in metrics
-    ], critic
+    return (
+        [keras.ops.convert_to_numpy(v.value) for v in critic.weights],
+        [{k: float(keras.ops.convert_to_numpy(v)) for k, v in m.items()} for m in metrics],
+        critic,
+    )
 
 
 single_w, single_m, _ = run()
@@ -46,7 +49,17 @@ max_w = max(float(np.abs(a - b).max()) for a, b in zip(single_w, multi_w))
 max_loss = max(abs(a["total"] - b["total"]) for a, b in zip(single_m, multi_m))
 max_norm = max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(single_m, multi_m))
 max_metric = max(abs(a[k] - b[k]) / max(1.0, abs(b[k])) for a, b in zip(single_m, multi_m) for k in b)
-print(json.dumps({"max_weight_diff": max_w, "max_loss_diff": max_loss, "max_grad_norm_rel": max_norm,
-                  "max_metric_diff": max_metric, "nonfinite_targets": multi_m[3]["nonfinite_targets"],
-                  "metric_keys_equal": all(set(a) == set(b) for a, b in zip(single_m, multi_m)), "variable": mirrored}))
+print(
+    json.dumps(
+        {
+            "max_weight_diff": max_w,
+            "max_loss_diff": max_loss,
+            "max_grad_norm_rel": max_norm,
+            "max_metric_diff": max_metric,
+            "nonfinite_targets": multi_m[3]["nonfinite_targets"],
+            "metric_keys_equal": all(set(a) == set(b) for a, b in zip(single_m, multi_m)),
+            "variable": mirrored,
+        }
+    )
+)
 sys.exit(0)

@@ -19,7 +19,10 @@ def train(rank, world, port, out_dir, fail_rank=None):
     torch.set_num_threads(1)
     if world > 1:
         torch.distributed.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
             timeout=datetime.timedelta(seconds=60),
         )
     import keras
@@ -55,8 +58,12 @@ def train(rank, world, port, out_dir, fail_rank=None):
                 raise RuntimeError(f"injected failure on rank {rank}")
             part = for_critic(critic_kind, split(batch, world, rank, axis), kind)
             metrics = trainer.train_step(*part) if kind == "direct" else trainer.train_on_dream(*part)
-            out.update({f"m{step}_{k.replace('/', '.')}": np.asarray(keras.ops.convert_to_numpy(v))
-                        for k, v in metrics.items()})
+            out.update(
+                {
+                    f"m{step}_{k.replace('/', '.')}": np.asarray(keras.ops.convert_to_numpy(v))
+                    for k, v in metrics.items()
+                }
+            )
     # What DDP said of its options (PyTorch 2.13 warns where a deprecated one is passed).
     out["ddp_warnings"] = np.array([str(w.message) for w in seen if "buffers" in str(w.message)], dtype=str)
     out.update({f"w{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(critic.weights)})

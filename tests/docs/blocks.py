@@ -65,8 +65,9 @@ class Block:
             return named
         named = set(ENV.findall(self.code)) | {IMPORTS[m] for m in IMPORT.findall(self.code)}
         if len(named) > 1:
-            raise ValueError(f"{self.id}: the code names backends {sorted(named)}: say which it runs on with "
-                             "<!-- backend: ... -->")
+            raise ValueError(
+                f"{self.id}: the code names backends {sorted(named)}: say which it runs on with <!-- backend: ... -->"
+            )
         return tuple(named) or BACKENDS
 
 
@@ -98,7 +99,7 @@ def page_blocks(path: pathlib.Path, root: pathlib.Path = ROOT) -> List[Block]:
         indent, fence, lang = m["indent"], m["fence"], m["lang"].lower()
         body, j = [], i + 1
         while j < len(lines) and not (lines[j].strip().startswith(fence) and lines[j].strip().strip(fence[0]) == ""):
-            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j].lstrip())
             j += 1
         if lang in ("python", "py"):
             out.append(Block(rel, i + 1, "\n".join(body) + "\n", _markers(lines, i, f"{rel}:{i + 1}")))

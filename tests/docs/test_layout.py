@@ -21,8 +21,11 @@ def _expand(token: str):
     m = re.search(r"\{([^}]*)\}", token)
     if not m:
         return [token]
-    return list(itertools.chain.from_iterable(
-        _expand(token[:m.start()] + choice + token[m.end():]) for choice in m.group(1).split(",")))
+    return list(
+        itertools.chain.from_iterable(
+            _expand(token[: m.start()] + choice + token[m.end() :]) for choice in m.group(1).split(",")
+        )
+    )
 
 
 def listed_paths(block: str):
@@ -45,23 +48,40 @@ def listed_paths(block: str):
 
 
 def test_every_listed_path_exists():
-    missing = [f"{p!r} (line: {line.strip()!r})" for p, line in listed_paths(layout_block(PAGE.read_text())).items()
-               if not (ROOT / p).exists()]
+    missing = [
+        f"{p!r} (line: {line.strip()!r})"
+        for p, line in listed_paths(layout_block(PAGE.read_text())).items()
+        if not (ROOT / p).exists()
+    ]
     assert not missing, "the Layout block names paths that are not in the tree: " + "; ".join(missing)
 
 
 def test_every_module_and_top_level_entry_is_listed():
     listed = set(listed_paths(layout_block(PAGE.read_text())))
     wanted = {str(p.relative_to(ROOT)) for p in (ROOT / "multicritic").rglob("*.py") if "__pycache__" not in p.parts}
-    wanted |= {str(p.relative_to(ROOT)) + ("/" if p.is_dir() else "") for folder in ("benchmarks", "examples")
-               for p in (ROOT / folder).iterdir() if p.name != "__pycache__"}
-    wanted |= {p.name + "/" for p in ROOT.iterdir() if p.is_dir() and p.name in {
-        "benchmarks", "docs", "examples", "multicritic", "tests"}}
+    wanted |= {
+        str(p.relative_to(ROOT)) + ("/" if p.is_dir() else "")
+        for folder in ("benchmarks", "examples")
+        for p in (ROOT / folder).iterdir()
+        if p.name != "__pycache__"
+    }
+    wanted |= {
+        p.name + "/"
+        for p in ROOT.iterdir()
+        if p.is_dir() and p.name in {"benchmarks", "docs", "examples", "multicritic", "tests"}
+    }
     unlisted = sorted(wanted - listed)
     assert not unlisted, "add these to the Layout block of docs/contributing.md: " + ", ".join(unlisted)
 
 
 def test_the_parser_reads_nesting_and_braces():
     block = "pkg/\n  a.py b/{x,y}.py   things\n  sub/     a folder\n    c.py   in sub\nroot.txt   top\n"
-    assert set(listed_paths(block)) == {"pkg/", "pkg/a.py", "pkg/b/x.py", "pkg/b/y.py", "pkg/sub/", "pkg/sub/c.py",
-                                        "root.txt"}
+    assert set(listed_paths(block)) == {
+        "pkg/",
+        "pkg/a.py",
+        "pkg/b/x.py",
+        "pkg/b/y.py",
+        "pkg/sub/",
+        "pkg/sub/c.py",
+        "root.txt",
+    }

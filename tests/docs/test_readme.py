@@ -9,8 +9,13 @@ README = (ROOT / "README.md").read_text()
 
 def test_the_readme_is_a_front_page():
     assert len(README.splitlines()) <= 250
-    for section in ("## Set-up: two commands", "## One example per framework", "## Against the DreamerV3 codebases",
-                    "## Headline numbers", "## Documentation"):
+    for section in (
+        "## Set-up: two commands",
+        "## One example per framework",
+        "## Against the DreamerV3 codebases",
+        "## Headline numbers",
+        "## Documentation",
+    ):
         assert section in README
 
 

@@ -19,8 +19,9 @@ def numpy_hl_gauss(values_symlog, n, low, high, sigma_ratio):
     out = []
     for v in np.ravel(values_symlog):
         v = min(max(float(v), low), high)
-        cdf = np.array([0.5 * (1.0 + math.erf((c + s * width / 2 - v) / (sigma * math.sqrt(2)))) for c in centres
-                        for s in (-1, 1)]).reshape(n, 2)
+        cdf = np.array(
+            [0.5 * (1.0 + math.erf((c + s * width / 2 - v) / (sigma * math.sqrt(2)))) for c in centres for s in (-1, 1)]
+        ).reshape(n, 2)
         mass = cdf[:, 1] - cdf[:, 0]
         out.append(mass / mass.sum())
     return np.array(out).reshape(np.shape(values_symlog) + (n,))

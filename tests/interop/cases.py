@@ -19,7 +19,7 @@ def load_npz(*parts):
 
 
 def prefixed(golden, prefix):
-    return {k[len(prefix):]: v for k, v in golden.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in golden.items() if k.startswith(prefix)}
 
 
 def weights_of(critic):

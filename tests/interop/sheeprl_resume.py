@@ -34,13 +34,18 @@ import torch  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 64
 # The example's settings, less its checkpoint ones (replaced below).
-_spec = importlib.util.spec_from_file_location("sheeprl_critic_example", os.path.join(ROOT, "examples",
-                                                                                       "sheeprl_critic.py"))
+_spec = importlib.util.spec_from_file_location(
+    "sheeprl_critic_example", os.path.join(ROOT, "examples", "sheeprl_critic.py")
+)
 _example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_example)
 OVERRIDES = [o for o in _example.OVERRIDES if not o.startswith(("checkpoint.", "buffer.checkpoint", "algo.total_"))]
-OVERRIDES += [f"algo.total_steps={STEPS}", f"checkpoint.every={STEPS // 2}", "checkpoint.save_last=True",
-              "buffer.checkpoint=True"]
+OVERRIDES += [
+    f"algo.total_steps={STEPS}",
+    f"checkpoint.every={STEPS // 2}",
+    "checkpoint.save_last=True",
+    "buffer.checkpoint=True",
+]
 CHECKPOINT_KEYS = ("critic", "target_critic", "critic_optimizer", "per_rank_gradient_steps", "iter_num")
 
 
@@ -63,26 +68,55 @@ def run(swap: bool, logs: str, resume_from: str = None):
     build_agent, train = dreamer_v3.build_agent, dreamer_v3.train
 
     def build_agent_swapped(fabric, actions_dim, is_continuous, cfg, *args, **kwargs):
-        world_model, actor, critic, target_critic, player = build_agent(fabric, actions_dim, is_continuous, cfg,
-                                                                        *args, **kwargs)
+        world_model, actor, critic, target_critic, player = build_agent(
+            fabric, actions_dim, is_continuous, cfg, *args, **kwargs
+        )
         if swap:  # the swap, as in the example
             wm = cfg.algo.world_model
-            ours = sheeprl_critic(critic.module.state_dict(), target_critic.state_dict(),
-                                  gru_units=wm.recurrent_model.recurrent_state_size,
-                                  num_z_categoricals=wm.stochastic_size, num_z_classes=wm.discrete_size)
+            ours = sheeprl_critic(
+                critic.module.state_dict(),
+                target_critic.state_dict(),
+                gru_units=wm.recurrent_model.recurrent_state_size,
+                num_z_categoricals=wm.stochastic_size,
+                num_z_classes=wm.discrete_size,
+            )
             critic_module, target_module = sheeprl_modules(ours)
             critic, target_critic = setup_module(fabric, critic_module), setup_module(fabric, target_module)
-        record["loaded"] = {"critic": _numpy_state(critic.state_dict()),
-                            "target_critic": _numpy_state(target_critic.state_dict())}
+        record["loaded"] = {
+            "critic": _numpy_state(critic.state_dict()),
+            "target_critic": _numpy_state(target_critic.state_dict()),
+        }
         return world_model, actor, critic, target_critic, player
 
-    def train_recorded(fabric, world_model, actor, critic, target_critic, world_optimizer, actor_optimizer,
-                       critic_optimizer, *args, **kwargs):
+    def train_recorded(
+        fabric,
+        world_model,
+        actor,
+        critic,
+        target_critic,
+        world_optimizer,
+        actor_optimizer,
+        critic_optimizer,
+        *args,
+        **kwargs,
+    ):
         if "first_train" not in record:
-            record["first_train"] = {"critic": _numpy_state(critic.state_dict()),
-                                     "critic_optimizer": copy.deepcopy(critic_optimizer.state_dict())}
-        return train(fabric, world_model, actor, critic, target_critic, world_optimizer, actor_optimizer,
-                     critic_optimizer, *args, **kwargs)
+            record["first_train"] = {
+                "critic": _numpy_state(critic.state_dict()),
+                "critic_optimizer": copy.deepcopy(critic_optimizer.state_dict()),
+            }
+        return train(
+            fabric,
+            world_model,
+            actor,
+            critic,
+            target_critic,
+            world_optimizer,
+            actor_optimizer,
+            critic_optimizer,
+            *args,
+            **kwargs,
+        )
 
     overrides = [*OVERRIDES, f"log_root={logs}"]
     if resume_from:
@@ -108,9 +142,14 @@ def run(swap: bool, logs: str, resume_from: str = None):
 def main(out: str):
     runs = {}
     with tempfile.TemporaryDirectory() as logs:
-        for name, swap, resume in (("stock", False, None), ("swap", True, None), ("swap->swap", True, "swap"),
-                                   ("swap->stock", False, "swap"), ("stock->swap", True, "stock"),
-                                   ("stock->stock", False, "stock")):
+        for name, swap, resume in (
+            ("stock", False, None),
+            ("swap", True, None),
+            ("swap->swap", True, "swap"),
+            ("swap->stock", False, "swap"),
+            ("stock->swap", True, "stock"),
+            ("stock->stock", False, "stock"),
+        ):
             resume_from = runs[resume]["paths"][STEPS // 2] if resume else None
             runs[name] = run(swap, os.path.join(logs, name.replace(">", "")), resume_from)
     torch.save(runs, out)

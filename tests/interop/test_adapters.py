@@ -15,8 +15,15 @@ T, B, H, C, K = 3, 4, 24, 4, 5
 
 
 def small_critic(**options):
-    critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=H,
-                           num_z_categoricals=C, num_z_classes=K, **options)
+    critic = CriticNetwork(
+        model_size=None,
+        num_dense_layers=2,
+        dense_hidden_units=32,
+        gru_units=H,
+        num_z_categoricals=C,
+        num_z_classes=K,
+        **options,
+    )
     rng = np.random.default_rng(7)
     for var in critic.weights:  # the zero head would hide mapping errors
         var.assign(var.numpy() + rng.normal(0.0, 0.1, var.shape).astype("float32"))
@@ -73,8 +80,9 @@ def test_on_latent_under_compilation():
     h, z = inputs()
     latent = np.concatenate([z.reshape(T, B, -1), h], -1)
     fn = compiled(lambda x: critic.on_latent(x))
-    np.testing.assert_allclose(to_np(fn(keras.ops.convert_to_tensor(latent))[1]),
-                               to_np(critic.on_latent(latent)[1]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        to_np(fn(keras.ops.convert_to_tensor(latent))[1]), to_np(critic.on_latent(latent)[1]), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_bad_latents_and_shapes_name_the_argument():
@@ -245,7 +253,6 @@ class TestTorchViews:
         assert not counters["recompiles"] and not counters["graph_break"]
         np.testing.assert_allclose(to_np(out), to_np(fast(latent)), rtol=1e-5, atol=1e-5)
 
-
     def test_torch_module_has_rllibs_interface(self):
         import torch
 
@@ -337,7 +344,7 @@ class TestTorchViews:
         import torch
         from keras.src.backend.torch import core
 
-        from multicritic.backend import current
+        from multicritic.backend.contract import current
 
         here = core.get_device()
         with current().device_scope(torch.empty(1, device="meta")):

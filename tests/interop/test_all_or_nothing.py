@@ -98,10 +98,12 @@ def test_every_pytorch_layout_loads_with_a_wrappers_prefix(name, prefix):
         torchrl.load_torchrl(other, loss)
         for a, b in zip(weights_of(other), weights_of(source)):
             np.testing.assert_array_equal(a, b)
-    builder = {"rllib_torch": lambda p: rllib.rllib_torch_critic(*p, **SIZES),
-               "sheeprl": lambda p: sheeprl.sheeprl_critic(*p, **SIZES),
-               "nm512": lambda p: nm512.nm512_critic(*p, **SIZES),
-               "torchrl": lambda p: torchrl.torchrl_critic(*p, **SIZES)}[name]
+    builder = {
+        "rllib_torch": lambda p: rllib.rllib_torch_critic(*p, **SIZES),
+        "sheeprl": lambda p: sheeprl.sheeprl_critic(*p, **SIZES),
+        "nm512": lambda p: nm512.nm512_critic(*p, **SIZES),
+        "torchrl": lambda p: torchrl.torchrl_critic(*p, **SIZES),
+    }[name]
     built = builder([{prefix + k: v for k, v in part.items()} for part in parts])
     for a, b in zip(weights_of(built), weights_of(source)):
         np.testing.assert_array_equal(a, b)

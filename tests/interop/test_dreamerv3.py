@@ -6,8 +6,7 @@ import pytest
 from multicritic import CriticNetwork
 from multicritic.interop import dreamerv3
 from tests.conftest import to_np
-from tests.interop.cases import (check_all_or_nothing, check_forward, check_loss, check_round_trip, load_npz,
-                                 prefixed)
+from tests.interop.cases import check_all_or_nothing, check_forward, check_loss, check_round_trip, load_npz, prefixed
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +25,15 @@ def make(golden):
 def test_forward_is_the_officials(golden):
     critic = make(golden)
     assert critic.input_layout == "h_z" and critic.norm == "rms" and critic.bin_scheme == "symexp"
-    check_forward(critic, golden["feat"], golden["logits"], golden["slow_logits"], golden["value"],
-                  golden["slow_value"], value_rtol=1e-5)
+    check_forward(
+        critic,
+        golden["feat"],
+        golden["logits"],
+        golden["slow_logits"],
+        golden["value"],
+        golden["slow_value"],
+        value_rtol=1e-5,
+    )
     # The same from the official state parts: deter is h, stoch is z.
     _, logits = to_np(critic(golden["deter"], golden["stoch"]))
     np.testing.assert_allclose(logits, golden["logits"], rtol=1e-5, atol=1e-5)
@@ -37,8 +43,15 @@ def test_loss_and_gradient_are_the_officials(golden):
     critic = make(golden)
     n = golden["ret"].size
     total = (golden["weight"] * (golden["loss_ret"] + golden["loss_slow"])).sum() / n
-    check_loss(critic, golden["logits"], golden["slow_logits"], golden["ret"], golden["weight"], total,
-               golden["grad_logits"] / n)
+    check_loss(
+        critic,
+        golden["logits"],
+        golden["slow_logits"],
+        golden["ret"],
+        golden["weight"],
+        total,
+        golden["grad_logits"] / n,
+    )
 
 
 def test_slow_update_is_the_officials(golden):
@@ -70,12 +83,20 @@ def test_bad_params_change_nothing(golden):
     critic = make(golden)
     state = params(golden)
     check_all_or_nothing(critic, lambda p: dreamerv3.load_dreamerv3(critic, p), state, "slowval/mlp/norm1/scale")
-    wrong = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=24,
-                          num_z_categoricals=4, num_z_classes=5, **{**dreamerv3.CRITIC_OPTIONS, "input_layout": "z_h"})
+    wrong = CriticNetwork(
+        model_size=None,
+        num_dense_layers=2,
+        dense_hidden_units=32,
+        gru_units=24,
+        num_z_categoricals=4,
+        num_z_classes=5,
+        **{**dreamerv3.CRITIC_OPTIONS, "input_layout": "z_h"},
+    )
     with pytest.raises(ValueError, match="input_layout='z_h'; the official DreamerV3's critic has input_layout='h_z'"):
         dreamerv3.load_dreamerv3(wrong, state)
-    layer_norm = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=24,
-                               num_z_categoricals=4, num_z_classes=5)
+    layer_norm = CriticNetwork(
+        model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=24, num_z_categoricals=4, num_z_classes=5
+    )
     with pytest.raises(ValueError, match="norm='layer'"):
         dreamerv3.load_dreamerv3(layer_norm, state)
 

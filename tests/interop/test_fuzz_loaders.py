@@ -27,15 +27,21 @@ from tests.conftest import BACKEND, to_np
 SIZES = dict(gru_units=6, num_z_categoricals=2, num_z_classes=3)
 WRAPPERS = ("_orig_mod.", "module.", "_forward_module.")
 # Deterministic (the same examples on every run and machine); nothing written to a database.
-FUZZ = settings(max_examples=20, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def small(options, seed, ensemble_size=1):
     """A two-layer critic (first kernel [12, 8], second [8, 8], head [8, 255]) with random weights, so that a
     load of another's weights changes every variable (a half load cannot hide)."""
-    critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=8, ensemble_size=ensemble_size,
-                           **SIZES, **options)
+    critic = CriticNetwork(
+        model_size=None, num_dense_layers=2, dense_hidden_units=8, ensemble_size=ensemble_size, **SIZES, **options
+    )
     rng = np.random.default_rng(seed)
     for var in critic.variables:
         var.assign(rng.normal(0.0, 0.3, tuple(var.shape)).astype("float32"))
@@ -91,16 +97,31 @@ class Family:
 
 FAMILIES = {
     "rllib_tf": Family("rllib_tf", rllib.CRITIC_OPTIONS, rllib.export_rllib_weights, None, ["weights"], False),
-    "rllib_torch": Family("rllib_torch", rllib.CRITIC_OPTIONS, rllib.export_rllib_torch, rllib.load_rllib_torch,
-                          ["state_dict"], True),
-    "sheeprl": Family("sheeprl", sheeprl.CRITIC_OPTIONS, sheeprl.export_sheeprl, sheeprl.load_sheeprl,
-                      ["critic_state", "target_critic_state"], True),
-    "dreamerv3": Family("dreamerv3", dreamerv3.CRITIC_OPTIONS, dreamerv3.export_dreamerv3, dreamerv3.load_dreamerv3,
-                        ["params"], False),
-    "nm512": Family("nm512", nm512.CRITIC_OPTIONS, nm512.export_nm512, nm512.load_nm512,
-                    ["value_state", "slow_value_state"], True),
-    "torchrl": Family("torchrl", torchrl.CRITIC_OPTIONS, torchrl.export_torchrl, torchrl.load_torchrl,
-                      ["value_state", "target_value_state"], True),
+    "rllib_torch": Family(
+        "rllib_torch", rllib.CRITIC_OPTIONS, rllib.export_rllib_torch, rllib.load_rllib_torch, ["state_dict"], True
+    ),
+    "sheeprl": Family(
+        "sheeprl",
+        sheeprl.CRITIC_OPTIONS,
+        sheeprl.export_sheeprl,
+        sheeprl.load_sheeprl,
+        ["critic_state", "target_critic_state"],
+        True,
+    ),
+    "dreamerv3": Family(
+        "dreamerv3", dreamerv3.CRITIC_OPTIONS, dreamerv3.export_dreamerv3, dreamerv3.load_dreamerv3, ["params"], False
+    ),
+    "nm512": Family(
+        "nm512", nm512.CRITIC_OPTIONS, nm512.export_nm512, nm512.load_nm512, ["value_state", "slow_value_state"], True
+    ),
+    "torchrl": Family(
+        "torchrl",
+        torchrl.CRITIC_OPTIONS,
+        torchrl.export_torchrl,
+        torchrl.load_torchrl,
+        ["value_state", "target_value_state"],
+        True,
+    ),
 }
 
 
@@ -188,8 +209,9 @@ def mutated(draw, case, kind):
             other = draw(st.sampled_from([k for k in keys if np.shape(part[k]) != value.shape]))
             part[key], part[other] = part[other], part[key]
         else:
-            renamed = draw(st.sampled_from([key + "x", key.replace(".", "_", 1), key.replace("/", "_", 1),
-                                            "_" + key, key.upper()]))
+            renamed = draw(
+                st.sampled_from([key + "x", key.replace(".", "_", 1), key.replace("/", "_", 1), "_" + key, key.upper()])
+            )
             part[renamed if renamed != key else key + "x"] = part.pop(key)
     elif kind == "partial_prefix":
         if fam.name == "rllib_tf":  # a list has no keys: the arrays come as a mapping of prefixed names
@@ -202,9 +224,13 @@ def mutated(draw, case, kind):
         part[key] = value.T
     elif kind == "reshape":
         how = draw(st.sampled_from(["grow", "shrink", "flatten", "add_axis", "scalar"]))
-        new = {"grow": lambda: np.concatenate([value.ravel(), [0.0]]).astype(value.dtype),
-               "shrink": lambda: value.ravel()[:-1], "flatten": lambda: value.ravel(),
-               "add_axis": lambda: value[None], "scalar": lambda: value.ravel()[0]}[how]()
+        new = {
+            "grow": lambda: np.concatenate([value.ravel(), [0.0]]).astype(value.dtype),
+            "shrink": lambda: value.ravel()[:-1],
+            "flatten": lambda: value.ravel(),
+            "add_axis": lambda: value[None],
+            "scalar": lambda: value.ravel()[0],
+        }[how]()
         part[key] = new if np.shape(new) != value.shape else value[None]
     elif kind == "non_finite":
         bad = value.astype(np.float64 if draw(st.booleans()) else np.float32)
@@ -280,8 +306,10 @@ class Views:
         self.want = snapshot(self.source)
         self.modules = {name: getattr(self.critic, name)() for name in VIEWS[:3]}
         self.modules["compiled_fast_module"] = torch.compile(self.critic.fast_module(), backend="eager")
-        self.states = {name: {k: v.detach().clone() for k, v in getattr(self.source, name)().state_dict().items()}
-                       for name in VIEWS[:3]}
+        self.states = {
+            name: {k: v.detach().clone() for k, v in getattr(self.source, name)().state_dict().items()}
+            for name in VIEWS[:3]
+        }
         self.states["compiled_fast_module"] = {"_orig_mod." + k: v for k, v in self.states["fast_module"].items()}
         self.target = small({}, seed=5)  # the accepted loads go into it, from `scrambled` values
         self.scrambled = snapshot(self.target)
@@ -327,9 +355,12 @@ def mutated_view_state(draw, state, kind):
         state[key] = v.permute(*reversed(range(v.ndim))).contiguous()
     elif kind == "reshape":
         how = draw(st.sampled_from(["grow", "shrink", "flatten", "add_axis"]))
-        new = {"grow": lambda: torch.cat([value.reshape(-1), value.new_zeros(1)]),
-               "shrink": lambda: value.reshape(-1)[:-1], "flatten": lambda: value.reshape(-1),
-               "add_axis": lambda: value[None]}[how]()
+        new = {
+            "grow": lambda: torch.cat([value.reshape(-1), value.new_zeros(1)]),
+            "shrink": lambda: value.reshape(-1)[:-1],
+            "flatten": lambda: value.reshape(-1),
+            "add_axis": lambda: value[None],
+        }[how]()
         state[key] = new if new.shape != value.shape else value[None]
     elif kind == "non_finite":
         bad = value.to(draw(st.sampled_from([torch.float32, torch.float64, torch.float16]))).clone()
@@ -339,8 +370,9 @@ def mutated_view_state(draw, state, kind):
         bad.view(-1)[draw(st.integers(0, bad.numel() - 1))] = entry
         state[key] = bad
     else:
-        state[key] = _bad_tensor(torch, value, draw(st.sampled_from(["int64", "bool", "complex", "numpy", "list",
-                                                                     "str", "none"])))
+        state[key] = _bad_tensor(
+            torch, value, draw(st.sampled_from(["int64", "bool", "complex", "numpy", "list", "str", "none"]))
+        )
     return f"{kind} of {key!r}", state
 
 
@@ -370,8 +402,11 @@ def test_a_view_loads_a_wrapped_state_dict_to_the_same_values(views, data):
     for var, value in zip(target.variables, views.scrambled):
         var.assign(value)
     getattr(target, name)().load_state_dict(state)
-    loaded = {"fast_module": target.fast_weights, "ema_module": target.ema_weights,
-              "torch_module": target.fast_weights + target.ema_weights}[name]
+    loaded = {
+        "fast_module": target.fast_weights,
+        "ema_module": target.ema_weights,
+        "torch_module": target.fast_weights + target.ema_weights,
+    }[name]
     loaded = {id(v) for v in loaded}
     for got, want, was, var in zip(snapshot(target), views.want, views.scrambled, target.variables):
         expected = want if id(var) in loaded else was
@@ -384,6 +419,5 @@ def test_a_view_refuses_assign_and_non_mappings_by_name(views):
     assert_refused(lambda: fast.load_state_dict(views.states["fast_module"], assign=True), "assign", "assign=True")
     for bad in ([1, 2], None, "state"):
         assert_refused(lambda bad=bad: fast.load_state_dict(bad), "state_dict", repr(bad))
-        assert_refused(lambda bad=bad: views.modules["torch_module"].load_state_dict(bad), "state_dict",
-                       repr(bad))
+        assert_refused(lambda bad=bad: views.modules["torch_module"].load_state_dict(bad), "state_dict", repr(bad))
     assert_unchanged(views.critic, before, "assign / non-mapping")

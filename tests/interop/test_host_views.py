@@ -22,6 +22,7 @@ def _pair_views(make):
         state = module.state_dict()
         fast = {k: v for k, v in state.items() if "_ema." not in k}
         return module, fast
+
     return views
 
 
@@ -35,8 +36,15 @@ HOSTS = {
 
 
 def make_critic(options, seed=7):
-    critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=H,
-                           num_z_categoricals=C, num_z_classes=K, **options)
+    critic = CriticNetwork(
+        model_size=None,
+        num_dense_layers=2,
+        dense_hidden_units=32,
+        gru_units=H,
+        num_z_categoricals=C,
+        num_z_classes=K,
+        **options,
+    )
     critic(np.zeros((1, H), "float32"), np.zeros((1, C, K), "float32"))
     rng = np.random.default_rng(seed)
     for var in critic.weights:  # the zero head and unit norms would hide mapping errors
@@ -85,8 +93,11 @@ def test_an_optimizer_step_through_the_view_changes_the_critic(host):
     assert len(params) == len(critic.fast_weights)
     optimizer = torch.optim.SGD(params, lr=0.1)
     latent = torch.randn(6, H + C * K)
-    out = module(latent[:, :H], latent[:, H:].reshape(6, C, K), return_logits=True)[1] if host == "rllib" \
+    out = (
+        module(latent[:, :H], latent[:, H:].reshape(6, C, K), return_logits=True)[1]
+        if host == "rllib"
         else module(latent)
+    )
     out.logsumexp(-1).mean().backward()
     grads = {id(p): p.grad.clone() for p in params}
     host_params = {id(p): p.detach().clone() for p in params}
@@ -145,8 +156,10 @@ def test_torchrl_bins_are_a_buffer_the_critic_fixes():
     assert torchrl.BINS_KEY not in dict(value_model.named_parameters())
     state = _torch_state(torchrl.export_torchrl(critic)[0])
     before = [np.array(to_np(v.value)) for v in critic.weights]
-    bad = {**{k: v + 1.0 for k, v in state.items() if k != torchrl.BINS_KEY},
-           torchrl.BINS_KEY: state[torchrl.BINS_KEY] * 1.01}
+    bad = {
+        **{k: v + 1.0 for k, v in state.items() if k != torchrl.BINS_KEY},
+        torchrl.BINS_KEY: state[torchrl.BINS_KEY] * 1.01,
+    }
     with pytest.raises(ValueError, match="module.2.module.bins.*differ from this critic's"):
         value_model.load_state_dict(bad)
     for var, b in zip(critic.weights, before):  # all or nothing
@@ -161,13 +174,17 @@ def test_torchrl_bins_are_a_buffer_the_critic_fixes():
 def test_views_refuse_an_ensemble_and_another_architecture(host):
     options, views, _ = HOSTS[host]
     ensemble = CriticNetwork(model_size="nano", ensemble_size=2, **options)
-    ensemble(np.zeros((1, ensemble.gru_units), "float32"),
-             np.zeros((1, ensemble.num_z_categoricals, ensemble.num_z_classes), "float32"))
+    ensemble(
+        np.zeros((1, ensemble.gru_units), "float32"),
+        np.zeros((1, ensemble.num_z_categoricals, ensemble.num_z_classes), "float32"),
+    )
     with pytest.raises(ValueError, match="critic: got an ensemble of 2"):
         views(ensemble)
     other = {**options, "norm_epsilon": 0.5}
     critic = CriticNetwork(model_size="nano", **other)
-    critic(np.zeros((1, critic.gru_units), "float32"), np.zeros((1, critic.num_z_categoricals, critic.num_z_classes),
-                                                                "float32"))
+    critic(
+        np.zeros((1, critic.gru_units), "float32"),
+        np.zeros((1, critic.num_z_categoricals, critic.num_z_classes), "float32"),
+    )
     with pytest.raises(ValueError, match="critic: got norm_epsilon=0.5"):
         views(critic)

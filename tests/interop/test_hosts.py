@@ -52,7 +52,7 @@ def test_host_layout_names_every_variable(name):
     critic = host_critic(adapter)
     flat = adapter.export(critic)
     keys = set()
-    for part in (flat if isinstance(flat, tuple) else (flat,)):
+    for part in flat if isinstance(flat, tuple) else (flat,):
         keys |= set(part)
     for kind in ("kernel", "scale"):
         for layer in range(critic.num_dense_layers):
@@ -64,8 +64,9 @@ def test_host_layout_names_every_variable(name):
 def test_host_refuses_another_architecture_before_anything_changes(name):
     adapter = HOSTS[name]
     other = {"norm": "rms" if adapter.options["norm"] == "layer" else "layer"}
-    critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=16, **SIZES,
-                           **{**adapter.options, **other})
+    critic = CriticNetwork(
+        model_size=None, num_dense_layers=2, dense_hidden_units=16, **SIZES, **{**adapter.options, **other}
+    )
     before = [to_np(v) for v in critic.weights]
     with pytest.raises(ValueError, match="critic: got norm="):
         adapter.load(critic, adapter.export(host_critic(adapter)))

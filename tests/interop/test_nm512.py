@@ -6,8 +6,7 @@ import pytest
 from multicritic import CriticNetwork, critic_loss
 from multicritic.interop import nm512
 from tests.conftest import to_np
-from tests.interop.cases import (check_all_or_nothing, check_forward, check_loss, check_round_trip, load_npz,
-                                 prefixed)
+from tests.interop.cases import check_all_or_nothing, check_forward, check_loss, check_round_trip, load_npz, prefixed
 
 
 @pytest.fixture(scope="module")
@@ -16,23 +15,32 @@ def golden():
 
 
 def make(golden, slow="slow_value/"):
-    return nm512.nm512_critic(prefixed(golden, "value/"), prefixed(golden, slow), gru_units=24, num_z_categoricals=4,
-                              num_z_classes=5)
+    return nm512.nm512_critic(
+        prefixed(golden, "value/"), prefixed(golden, slow), gru_units=24, num_z_categoricals=4, num_z_classes=5
+    )
 
 
 def test_forward_is_nm512s(golden):
     critic = make(golden)
     assert critic.input_layout == "z_h"
-    check_forward(critic, golden["feat"], golden["logits"], golden["slow_logits"], golden["value"],
-                  golden["slow_value"])
+    check_forward(
+        critic, golden["feat"], golden["logits"], golden["slow_logits"], golden["value"], golden["slow_value"]
+    )
     _, logits = to_np(critic(golden["deter"], golden["stoch"]))
     np.testing.assert_allclose(logits, golden["logits"], rtol=1e-5, atol=1e-5)
 
 
 def test_loss_and_gradient_are_nm512s(golden):
     critic = make(golden)
-    check_loss(critic, golden["logits"], golden["slow_logits"], golden["target"][..., None],
-               golden["weights"][..., None], golden["loss"], golden["grad_logits"])
+    check_loss(
+        critic,
+        golden["logits"],
+        golden["slow_logits"],
+        golden["target"][..., None],
+        golden["weights"][..., None],
+        golden["loss"],
+        golden["grad_logits"],
+    )
 
 
 def test_slow_update_then_loss_is_nm512s_train_step(golden):
@@ -61,9 +69,11 @@ def test_bad_states_change_nothing(golden):
     critic = make(golden)
     state = prefixed(golden, "value/")
     check_all_or_nothing(critic, lambda s: nm512.load_nm512(critic, s), state, "layers.Value_norm1.bias")
-    check_all_or_nothing(critic, lambda s: nm512.load_nm512(critic, state, s), prefixed(golden, "slow_value/"),
-                         "mean_layer.weight")
-    rllib_like = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=24,
-                               num_z_categoricals=4, num_z_classes=5)
+    check_all_or_nothing(
+        critic, lambda s: nm512.load_nm512(critic, state, s), prefixed(golden, "slow_value/"), "mean_layer.weight"
+    )
+    rllib_like = CriticNetwork(
+        model_size=None, num_dense_layers=2, dense_hidden_units=32, gru_units=24, num_z_categoricals=4, num_z_classes=5
+    )
     with pytest.raises(ValueError, match="input_layout='h_z'; NM512's critic has input_layout='z_h'"):
         nm512.load_nm512(rllib_like, state)

@@ -75,8 +75,9 @@ def test_bad_weight_lists_leave_the_critic_unchanged():
         load_rllib_weights(critic, weights[:-1])
     bad = list(weights)
     bad[8] = np.zeros((16, 101), np.float32)  # an EMA head with 101 buckets
-    with pytest.raises(ValueError,
-                       match=r"weights\[8\] \(return_layer_ema/kernel\): got shape \[16, 101\], expected \[16, 255\]"):
+    with pytest.raises(
+        ValueError, match=r"weights\[8\] \(return_layer_ema/kernel\): got shape \[16, 101\], expected \[16, 255\]"
+    ):
         load_rllib_weights(critic, bad)
     for b, v in zip(before, critic.weights):
         np.testing.assert_array_equal(to_np(v), b)
@@ -105,8 +106,9 @@ def test_critic_loss_matches_rllib(golden):
     np.testing.assert_allclose(out["total"], golden["loss_total"], rtol=2e-6)
     np.testing.assert_allclose(out["value_nll"], golden["loss_value_nll"], rtol=2e-6)
     np.testing.assert_allclose(out["ema_regularizer"], golden["loss_ema_regularizer"], rtol=2e-6)
-    grad = to_np(grads_of(lambda lg: critic_loss(lg, golden["value_targets"], ema[:-1], weights[:-1])["total"],
-                          logits[:-1])[0])
+    grad = to_np(
+        grads_of(lambda lg: critic_loss(lg, golden["value_targets"], ema[:-1], weights[:-1])["total"], logits[:-1])[0]
+    )
     np.testing.assert_allclose(grad, golden["loss_grad_logits"][:-1], rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(golden["loss_grad_logits"][-1], 0.0)
 
@@ -120,8 +122,9 @@ def test_training_trajectory_matches_rllib(golden):
         for key in ("total", "value_nll", "ema_regularizer", "grad_norm"):
             np.testing.assert_allclose(metrics[key], golden[f"traj_{step}_{key}"], rtol=2e-6, err_msg=f"{key} {step}")
     for i, w in enumerate(export_rllib_weights(critic)):
-        np.testing.assert_allclose(w, golden[f"traj_final_{i}"], rtol=0, atol=1e-6,
-                                   err_msg=rllib_weight_names(critic)[i])
+        np.testing.assert_allclose(
+            w, golden[f"traj_final_{i}"], rtol=0, atol=1e-6, err_msg=rllib_weight_names(critic)[i]
+        )
 
 
 @pytest.mark.parametrize("member", [0, 2])

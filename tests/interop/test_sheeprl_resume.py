@@ -34,8 +34,14 @@ def runs(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("sheeprl") / "runs.pt"
     env = dict(os.environ, KERAS_BACKEND="torch", PYTHONPATH=ROOT)
-    run = subprocess.run([sys.executable, "-m", "tests.interop.sheeprl_resume", str(out)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.interop.sheeprl_resume", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return torch.load(out, map_location="cpu", weights_only=False)
 
@@ -58,8 +64,9 @@ def _assert_optimizer_equal(got, want, what):
     for index, slots in want["state"].items():
         assert sorted(got["state"][index]) == sorted(slots), what
         for name, value in slots.items():
-            np.testing.assert_array_equal(got["state"][index][name].numpy(), value.numpy(),
-                                          err_msg=f"{what}: state[{index}][{name}]")
+            np.testing.assert_array_equal(
+                got["state"][index][name].numpy(), value.numpy(), err_msg=f"{what}: state[{index}][{name}]"
+            )
 
 
 def _assert_close_runs(got, want, start, what):
@@ -77,8 +84,13 @@ def _assert_close_runs(got, want, start, what):
     for name in ("exp_avg", "exp_avg_sq"):
         scale = max(float(s[name].abs().max()) for s in w["state"].values())
         for index, slots in w["state"].items():
-            np.testing.assert_allclose(g["state"][index][name].numpy(), slots[name].numpy(), rtol=0,
-                                       atol=RTOL * scale, err_msg=f"{what}: critic_optimizer {index} {name}")
+            np.testing.assert_allclose(
+                g["state"][index][name].numpy(),
+                slots[name].numpy(),
+                rtol=0,
+                atol=RTOL * scale,
+                err_msg=f"{what}: critic_optimizer {index} {name}",
+            )
             assert float(g["state"][index]["step"]) == float(slots["step"]), what
     assert got["per_rank_gradient_steps"] == want["per_rank_gradient_steps"], what
 
@@ -107,8 +119,10 @@ def test_uninterrupted_runs_with_and_without_the_swap_agree(runs):
     _assert_close_runs(swap[last], stock[last], stock[first], "uninterrupted")
 
 
-@pytest.mark.parametrize("resumed, checkpoint", [("swap->swap", "swap"), ("stock->swap", "stock"),
-                                                 ("swap->stock", "swap"), ("stock->stock", "stock")])
+@pytest.mark.parametrize(
+    "resumed, checkpoint",
+    [("swap->swap", "swap"), ("stock->swap", "stock"), ("swap->stock", "swap"), ("stock->stock", "stock")],
+)
 def test_a_resumed_run_starts_from_the_checkpoint_exactly(runs, resumed, checkpoint):
     """(b), (c), (d): every checkpoint loads (sheeprl's strict `load_state_dict`, with or without the swap), and
     the critic, target critic and critic optimizer the resumed run starts from are the checkpoint's, bit for
@@ -118,8 +132,11 @@ def test_a_resumed_run_starts_from_the_checkpoint_exactly(runs, resumed, checkpo
     for part in ("critic", "target_critic"):
         _assert_states_equal(record["loaded"][part], saved[part], f"{resumed}: {part} after build_agent")
     _assert_states_equal(record["first_train"]["critic"], saved["critic"], f"{resumed}: critic at the first train")
-    _assert_optimizer_equal(record["first_train"]["critic_optimizer"], saved["critic_optimizer"],
-                            f"{resumed}: critic optimizer at the first train")
+    _assert_optimizer_equal(
+        record["first_train"]["critic_optimizer"],
+        saved["critic_optimizer"],
+        f"{resumed}: critic optimizer at the first train",
+    )
 
 
 @pytest.mark.parametrize("resumed, reference", [("swap->swap", "swap->stock"), ("stock->swap", "stock->stock")])
@@ -141,5 +158,9 @@ def test_sheeprls_own_resume_is_measured(runs):
     same = all(np.array_equal(own["critic"][k].numpy(), uninterrupted["critic"][k].numpy()) for k in own["critic"])
     if same:
         first = min(runs["swap"]["checkpoints"])
-        _assert_close_runs(runs["swap->swap"]["checkpoints"][last], runs["swap"]["checkpoints"][last],
-                           runs["swap"]["checkpoints"][first], "swap->swap vs swap")
+        _assert_close_runs(
+            runs["swap->swap"]["checkpoints"][last],
+            runs["swap"]["checkpoints"][last],
+            runs["swap"]["checkpoints"][first],
+            "swap->swap vs swap",
+        )

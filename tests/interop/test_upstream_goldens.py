@@ -14,8 +14,7 @@ import pytest
 from multicritic import CriticNetwork
 from multicritic.interop import rllib, sheeprl, torchrl
 from tests.conftest import to_np
-from tests.interop.cases import (check_all_or_nothing, check_forward, check_loss, check_round_trip, load_npz,
-                                 prefixed)
+from tests.interop.cases import check_all_or_nothing, check_forward, check_loss, check_round_trip, load_npz, prefixed
 
 SIZES = dict(gru_units=24, num_z_categoricals=4, num_z_classes=5)
 
@@ -39,12 +38,31 @@ class Codebase:
 
 
 CODEBASES = {
-    "rllib_torch": Codebase("rllib_torch", rllib.load_rllib_torch, rllib.export_rllib_torch,
-                            rllib.rllib_torch_critic, False, lambda c: c.update_ema(), combined=True),
-    "sheeprl": Codebase("sheeprl", sheeprl.load_sheeprl, sheeprl.export_sheeprl, sheeprl.sheeprl_critic, True,
-                        lambda c: c.update_ema(tau=0.02, step=1)),
-    "torchrl": Codebase("torchrl", torchrl.load_torchrl, torchrl.export_torchrl, torchrl.torchrl_critic, True,
-                        lambda c: c.update_ema(tau=0.02)),
+    "rllib_torch": Codebase(
+        "rllib_torch",
+        rllib.load_rllib_torch,
+        rllib.export_rllib_torch,
+        rllib.rllib_torch_critic,
+        False,
+        lambda c: c.update_ema(),
+        combined=True,
+    ),
+    "sheeprl": Codebase(
+        "sheeprl",
+        sheeprl.load_sheeprl,
+        sheeprl.export_sheeprl,
+        sheeprl.sheeprl_critic,
+        True,
+        lambda c: c.update_ema(tau=0.02, step=1),
+    ),
+    "torchrl": Codebase(
+        "torchrl",
+        torchrl.load_torchrl,
+        torchrl.export_torchrl,
+        torchrl.torchrl_critic,
+        True,
+        lambda c: c.update_ema(tau=0.02),
+    ),
 }
 
 
@@ -56,8 +74,16 @@ def case(request):
 def test_forward_is_upstreams(case):
     codebase, golden = case
     critic = codebase.build(*codebase.states(golden), **SIZES)
-    check_forward(critic, golden["latent"], golden["logits"], golden["slow_logits"], golden["value"],
-                  golden["slow_value"], real=codebase.real_values, value_rtol=1e-5)
+    check_forward(
+        critic,
+        golden["latent"],
+        golden["logits"],
+        golden["slow_logits"],
+        golden["value"],
+        golden["slow_value"],
+        real=codebase.real_values,
+        value_rtol=1e-5,
+    )
     _, logits = to_np(critic(golden["h"], golden["z"]))
     np.testing.assert_allclose(logits, golden["logits"], rtol=1e-5, atol=1e-5)
 
@@ -65,8 +91,15 @@ def test_forward_is_upstreams(case):
 def test_loss_and_gradient_are_upstreams(case):
     codebase, golden = case
     critic = codebase.build(*codebase.states(golden), **SIZES)
-    check_loss(critic, golden["logits"], golden["slow_logits"], golden["target"], golden["weights"],
-               golden["loss"], golden["grad_logits"])
+    check_loss(
+        critic,
+        golden["logits"],
+        golden["slow_logits"],
+        golden["target"],
+        golden["weights"],
+        golden["loss"],
+        golden["grad_logits"],
+    )
 
 
 def test_slow_update_is_upstreams(case):
@@ -116,8 +149,10 @@ def test_wrapped_and_loss_module_keys_load(case):
     for got, want in zip(codebase.exported(again), states):
         check_round_trip(got, want)
     if codebase.name == "torchrl":  # DreamerV3ValueLoss.state_dict(): both halves under prefixes
-        loss_state = {**{"value_model_params." + k: v for k, v in states[0].items()},
-                      **{"target_value_model_params." + k: v for k, v in states[1].items()}}
+        loss_state = {
+            **{"value_model_params." + k: v for k, v in states[0].items()},
+            **{"target_value_model_params." + k: v for k, v in states[1].items()},
+        }
         third = CriticNetwork.from_config(critic.get_config())
         torchrl.load_torchrl(third, loss_state)
         for got, want in zip(codebase.exported(third), states):
@@ -137,6 +172,9 @@ def test_torchrl_bins_are_checked():
     golden = load_npz("torchrl_goldens.npz")
     fast, slow = CODEBASES["torchrl"].states(golden)
     critic = torchrl.torchrl_critic({**fast, torchrl.BINS_KEY: golden["bins"]}, slow, **SIZES)
-    with pytest.raises(ValueError, match=r"module.2.module.bins: got \d+ bin\(s\) that differ from this critic.s "
-                                         r"255 symexp bins"):
+    with pytest.raises(
+        ValueError,
+        match=r"module.2.module.bins: got \d+ bin\(s\) that differ from this critic.s "
+        r"255 symexp bins",
+    ):
         torchrl.load_torchrl(critic, {**fast, torchrl.BINS_KEY: np.linspace(-20, 20, 255)}, slow)

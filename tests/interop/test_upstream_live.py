@@ -61,8 +61,12 @@ def test_goldens_are_what_upstream_computes(live):
 
 def test_live_forward_loss_slow_update_and_round_trip(live):
     codebase, case, _, _ = live
-    for check in (goldens.test_forward_is_upstreams, goldens.test_loss_and_gradient_are_upstreams,
-                  goldens.test_slow_update_is_upstreams, goldens.test_round_trip_is_bit_identical):
+    for check in (
+        goldens.test_forward_is_upstreams,
+        goldens.test_loss_and_gradient_are_upstreams,
+        goldens.test_slow_update_is_upstreams,
+        goldens.test_round_trip_is_bit_identical,
+    ):
         check((codebase, case))
 
 
@@ -73,8 +77,14 @@ def test_exports_run_in_the_upstream_module(live):
     for var in critic.weights:  # weights the upstream module has never seen
         var.assign(to_np(var.value) + rng.normal(0.0, 0.05, var.shape).astype("float32"))
     exported = codebase.export(critic)
-    fast, slow = exported if isinstance(exported, tuple) else (
-        {k: v for k, v in exported.items() if "_ema." not in k}, {k: v for k, v in exported.items() if "_ema." in k})
+    fast, slow = (
+        exported
+        if isinstance(exported, tuple)
+        else (
+            {k: v for k, v in exported.items() if "_ema." not in k},
+            {k: v for k, v in exported.items() if "_ema." in k},
+        )
+    )
     modules["load"](fast, slow)
     for use_ema in (False, True):
         _, ours = to_np(critic.on_latent(case["latent"], use_ema=use_ema))
@@ -86,8 +96,14 @@ def test_sheeprl_trains_with_multicritic_as_critic_and_target():
     _require("sheeprl")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, KERAS_BACKEND="torch", PYTHONPATH=root)
-    run = subprocess.run([sys.executable, os.path.join(root, "examples", "sheeprl_critic.py")], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, os.path.join(root, "examples", "sheeprl_critic.py")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [line.split() for line in run.stdout.splitlines() if re.match(r"^\s*\d+\s+-?\d", line)]
     theirs, ours = np.array([float(r[1]) for r in rows]), np.array([float(r[2]) for r in rows])

@@ -174,8 +174,9 @@ def make_rllib_torch_case(modules=None):
     torch.manual_seed(0)
     critic = CriticNetwork(input_size=DETER + STOCH, model_size="micro")
     critic.mlp = MLP(input_size=DETER + STOCH, model_size="micro", num_dense_layers=LAYERS, dense_hidden_units=UNITS)
-    critic.mlp_ema = MLP(input_size=DETER + STOCH, model_size="micro", num_dense_layers=LAYERS,
-                         dense_hidden_units=UNITS)
+    critic.mlp_ema = MLP(
+        input_size=DETER + STOCH, model_size="micro", num_dense_layers=LAYERS, dense_hidden_units=UNITS
+    )
     critic.init_ema()
 
     sd_keys = list(critic.state_dict().keys())
@@ -184,8 +185,12 @@ def make_rllib_torch_case(modules=None):
     ema_named = [(k, v) for k, v in zip([k for k in sd_keys if "_ema." in k], ema_params)]
     assert [k.replace("_ema.", ".") for k, _ in ema_named] == [k for k, _ in fast_named]
     kinds = {f"mlp.{k}": v for k, v in _kinds(critic.mlp, has_head=False).items()}
-    kinds.update({f"return_layer.{k}": "head_w" if k.endswith("weight") else "head_b"
-                  for k, _ in critic.return_layer.named_parameters()})
+    kinds.update(
+        {
+            f"return_layer.{k}": "head_w" if k.endswith("weight") else "head_b"
+            for k, _ in critic.return_layer.named_parameters()
+        }
+    )
     perturb(fast_named, ema_named, kinds)
 
     h_t = torch.as_tensor(h).reshape(T * B, DETER)
@@ -206,47 +211,70 @@ def make_rllib_torch_case(modules=None):
         "v_symlog_dreamed_ema_t0_to_H_BxT": with_dummy_row(slow_value).reshape(T + 1, B),
         "dream_loss_weights_t0_to_H_BxT": with_dummy_row(torch.as_tensor(weights).reshape(T * B)).reshape(T + 1, B),
     }
-    stub = types.SimpleNamespace(_device=torch.device("cpu"),
-                                 metrics=types.SimpleNamespace(log_dict=lambda *a, **k: None))
+    stub = types.SimpleNamespace(
+        _device=torch.device("cpu"), metrics=types.SimpleNamespace(log_dict=lambda *a, **k: None)
+    )
     config = types.SimpleNamespace(report_individual_batch_item_stats=False)
     loss = DreamerV3TorchLearner._compute_critic_loss(
-        stub, module_id="default_policy", config=config, dream_data=dream_data,
-        value_targets_t0_to_Hm1_BxT=torch.as_tensor(target))
+        stub,
+        module_id="default_policy",
+        config=config,
+        dream_data=dream_data,
+        value_targets_t0_to_Hm1_BxT=torch.as_tensor(target),
+    )
     loss.backward()
 
-    out = {"h": h, "z": z, "target": target, "weights": weights,
-           "latent": _np(seen[0]).reshape(T, B, DETER + STOCH),
-           "logits": _np(logits).reshape(T, B, BINS), "slow_logits": _np(slow_logits).reshape(T, B, BINS),
-           "value": _np(value).reshape(T, B), "slow_value": _np(slow_value).reshape(T, B),
-           "bins": np.linspace(-20.0, 20.0, BINS).astype(np.float32),
-           "loss": np.float32(loss.item()), "grad_logits": _np(logits.grad).reshape(T, B, BINS)}
+    out = {
+        "h": h,
+        "z": z,
+        "target": target,
+        "weights": weights,
+        "latent": _np(seen[0]).reshape(T, B, DETER + STOCH),
+        "logits": _np(logits).reshape(T, B, BINS),
+        "slow_logits": _np(slow_logits).reshape(T, B, BINS),
+        "value": _np(value).reshape(T, B),
+        "slow_value": _np(slow_value).reshape(T, B),
+        "bins": np.linspace(-20.0, 20.0, BINS).astype(np.float32),
+        "loss": np.float32(loss.item()),
+        "grad_logits": _np(logits.grad).reshape(T, B, BINS),
+    }
     out.update(_state("fast", fast_named))
     out.update(_state("slow", ema_named))
     critic.update_ema()
     out.update(_state("slow_after", ema_named))
     if modules is not None:
         modules["load"] = lambda fast, slow: critic.load_state_dict(
-            {k: torch.as_tensor(v) for k, v in {**fast, **slow}.items()})
-        modules["logits"] = lambda slow: _np(critic(h_t, z_t, return_logits=True, use_ema=slow)[1]).reshape(
-            T, B, BINS)
+            {k: torch.as_tensor(v) for k, v in {**fast, **slow}.items()}
+        )
+        modules["logits"] = lambda slow: _np(critic(h_t, z_t, return_logits=True, use_ema=slow)[1]).reshape(T, B, BINS)
     out["meta"] = np.str_(
         "rllib torch CriticNetwork (ray 2.60.0), micro + 2x32 upstream MLP; latent = cat(h, z_flat); "
         "value/slow_value in SYMLOG space (expectation over bins=linspace(-20,20,255)); target in REAL space "
         "(learner symlogs it); loss = DreamerV3TorchLearner._compute_critic_loss (EMA regulariser weight 1, "
         "two-hot of the EMA net's symlog value); slow_after = CriticNetwork.update_ema() (decay 0.98); "
-        "slow keys are the mlp_ema./return_layer_ema. state_dict keys of the same module")
+        "slow keys are the mlp_ema./return_layer_ema. state_dict keys of the same module"
+    )
     return out
 
 
 # --------------------------------------------------------------------------- sheeprl 0.8.4
 SHEEPRL_OVERRIDES = [
-    "exp=dreamer_v3", "env=dummy", "algo=dreamer_v3_XS", "fabric.accelerator=cpu", "fabric.devices=1",
-    "env.num_envs=1", "env.capture_video=False",
-    "algo.cnn_keys.encoder=[]", "algo.cnn_keys.decoder=[]", "algo.mlp_keys.encoder=[state]",
+    "exp=dreamer_v3",
+    "env=dummy",
+    "algo=dreamer_v3_XS",
+    "fabric.accelerator=cpu",
+    "fabric.devices=1",
+    "env.num_envs=1",
+    "env.capture_video=False",
+    "algo.cnn_keys.encoder=[]",
+    "algo.cnn_keys.decoder=[]",
+    "algo.mlp_keys.encoder=[state]",
     "algo.mlp_keys.decoder=[state]",
-    f"algo.dense_units={UNITS}", f"algo.mlp_layers={LAYERS}",
+    f"algo.dense_units={UNITS}",
+    f"algo.mlp_layers={LAYERS}",
     f"algo.world_model.recurrent_model.recurrent_state_size={DETER}",
-    f"algo.world_model.stochastic_size={CATS}", f"algo.world_model.discrete_size={CLASSES}",
+    f"algo.world_model.stochastic_size={CATS}",
+    f"algo.world_model.discrete_size={CLASSES}",
     f"algo.world_model.transition_model.hidden_size={UNITS}",
     f"algo.world_model.representation_model.hidden_size={UNITS}",
 ]
@@ -320,10 +348,20 @@ def make_sheeprl_case(modules=None):
         slow_value = TwoHotEncodingDistribution(slow_logits, dims=1).mean
         bins = TwoHotEncodingDistribution(slow_logits, dims=1).bins
 
-    out = {"h": h, "z": z, "target": target, "weights": weights, "latent": _np(latent),
-           "logits": _np(logits), "slow_logits": _np(slow_logits),
-           "value": _np(value)[..., 0], "slow_value": _np(slow_value)[..., 0], "bins": _np(bins),
-           "loss": np.float32(loss.item()), "grad_logits": _np(logits.grad)}
+    out = {
+        "h": h,
+        "z": z,
+        "target": target,
+        "weights": weights,
+        "latent": _np(latent),
+        "logits": _np(logits),
+        "slow_logits": _np(slow_logits),
+        "value": _np(value)[..., 0],
+        "slow_value": _np(slow_value)[..., 0],
+        "bins": _np(bins),
+        "loss": np.float32(loss.item()),
+        "grad_logits": _np(logits.grad),
+    }
     out.update(_state("fast", fast_named))
     out.update(_state("slow", slow_named))
     # dreamer_v3.py:875-877, at a step != 0
@@ -332,6 +370,7 @@ def make_sheeprl_case(modules=None):
         tcp.data.copy_(tau * cp.data + (1 - tau) * tcp.data)
     out.update(_state("slow_after", list(slow_mod.named_parameters())))
     if modules is not None:
+
         def load(fast, slow):
             fast_mod.load_state_dict({k: torch.as_tensor(v) for k, v in fast.items()})
             slow_mod.load_state_dict({k: torch.as_tensor(v) for k, v in slow.items()})
@@ -344,7 +383,8 @@ def make_sheeprl_case(modules=None):
         "bins=linspace(-20,20,255) in symlog space); target in REAL space (log_prob symlogs it); "
         "loss = dreamer_v3.critic_loss (target-critic regulariser weight 1: -log_prob(target_critic.mean)); "
         f"slow_after = tau*fast + (1-tau)*slow with tau = cfg.algo.critic.tau = {tau} (dreamer_v3.py:875-877); "
-        "slow keys are target_critic's state_dict keys")
+        "slow keys are target_critic's state_dict keys"
+    )
     return out
 
 
@@ -390,13 +430,24 @@ def make_torchrl_case(modules=None):
     import dreamer_v3_agent  # noqa: E402  (torchrl's own sota script)
 
     h, z, target, weights = inputs()
-    cfg = OmegaConf.create({"networks": {
-        "num_categoricals": CATS, "num_classes": CLASSES, "rnn_hidden_dim": DETER, "num_value_bins": BINS,
-        "value_layers": LAYERS, "hidden_dim": UNITS, "norm_eps": 1e-4}})
+    cfg = OmegaConf.create(
+        {
+            "networks": {
+                "num_categoricals": CATS,
+                "num_classes": CLASSES,
+                "rnn_hidden_dim": DETER,
+                "num_value_bins": BINS,
+                "value_layers": LAYERS,
+                "hidden_dim": UNITS,
+                "norm_eps": 1e-4,
+            }
+        }
+    )
     torch.manual_seed(0)
     value_model = dreamer_v3_agent.build_value(cfg=cfg)
-    loss_module = DreamerV3ValueLoss(value_model, value_loss="two_hot", num_value_bins=BINS,
-                                     slow_critic_regularization=1.0)
+    loss_module = DreamerV3ValueLoss(
+        value_model, value_loss="two_hot", num_value_bins=BINS, slow_critic_regularization=1.0
+    )
     updater = SoftUpdate(loss_module, tau=0.02)
 
     mlp = value_model.module[0].module
@@ -413,9 +464,15 @@ def make_torchrl_case(modules=None):
 
     belief = torch.as_tensor(h)
     state = torch.as_tensor(z).reshape(T, B, STOCH)
-    data = TensorDict({"belief": belief, "state": state,
-                       "lambda_target": torch.as_tensor(target)[..., None],
-                       "discount_weight": torch.as_tensor(weights)[..., None]}, batch_size=[T, B])
+    data = TensorDict(
+        {
+            "belief": belief,
+            "state": state,
+            "lambda_target": torch.as_tensor(target)[..., None],
+            "discount_weight": torch.as_tensor(weights)[..., None],
+        },
+        batch_size=[T, B],
+    )
     seen, handle = _input_capture(mlp.model)
     cap = _GradCapture(mlp)
     loss_td, _ = loss_module(data.clone())
@@ -434,10 +491,20 @@ def make_torchrl_case(modules=None):
     _, value = run(fast_params)
     slow_logits, slow_value = run(slow_params)
 
-    out = {"h": h, "z": z, "target": target, "weights": weights,
-           "latent": _np(seen[0]), "logits": _np(logits), "slow_logits": _np(slow_logits),
-           "value": _np(value), "slow_value": _np(slow_value), "bins": _np(loss_module.value_bins),
-           "loss": np.float32(loss.item()), "grad_logits": _np(logits.grad)}
+    out = {
+        "h": h,
+        "z": z,
+        "target": target,
+        "weights": weights,
+        "latent": _np(seen[0]),
+        "logits": _np(logits),
+        "slow_logits": _np(slow_logits),
+        "value": _np(value),
+        "slow_value": _np(slow_value),
+        "bins": _np(loss_module.value_bins),
+        "loss": np.float32(loss.item()),
+        "grad_logits": _np(logits.grad),
+    }
     out.update(_state("fast", named(fast_params)))
     out.update(_state("slow", named(slow_params)))
     updater.step()
@@ -462,7 +529,8 @@ def make_torchrl_case(modules=None):
         "hidden Linear HAS a bias, norm = RMSNorm scale only (eps 1e-4); bins = symexp grid in REAL space "
         "(two-hot interpolated in raw space); value/slow_value in REAL space; target in REAL space; "
         "keys are the value model's state_dict keys (in the loss module's state_dict they are prefixed "
-        "value_model_params. / target_value_model_params.); slow_after = SoftUpdate.step()")
+        "value_model_params. / target_value_model_params.); slow_after = SoftUpdate.step()"
+    )
     return out
 
 
@@ -485,27 +553,34 @@ def rllib_learner_updates(swap_in_multicritic: bool, steps: int = 2):
     from ray.rllib.policy.sample_batch import SampleBatch
 
     from multicritic.interop.rllib import export_rllib_torch, rllib_torch_critic, rllib_torch_module
-    from multicritic.sizes import get_model_dims
+    from multicritic.model.sizes import get_model_dims
 
     rllib_critic = dreamerv3_rl_module.CriticNetwork
 
     def multicritic_critic(**kwargs):
         theirs = rllib_critic(**kwargs)
         dims = get_model_dims(kwargs["model_size"])
-        ours = rllib_torch_critic(theirs.state_dict(), gru_units=dims["gru_units"],
-                                  num_z_categoricals=dims["num_z_categoricals"], num_z_classes=dims["num_z_classes"])
+        ours = rllib_torch_critic(
+            theirs.state_dict(),
+            gru_units=dims["gru_units"],
+            num_z_categoricals=dims["num_z_categoricals"],
+            num_z_classes=dims["num_z_classes"],
+        )
         return rllib_torch_module(ours)
 
     if swap_in_multicritic:
         dreamerv3_rl_module.CriticNetwork = multicritic_critic
     try:
         torch.manual_seed(0)
-        config = (DreamerV3Config()
-                  .environment(observation_space=gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
-                               action_space=gym.spaces.Discrete(2))
-                  .training(model_size="nano", training_ratio=1, batch_size_B=2, batch_length_T=8, horizon_H=5)
-                  .learners(num_learners=0)
-                  .debugging(seed=0))
+        config = (
+            DreamerV3Config()
+            .environment(
+                observation_space=gym.spaces.Box(-1.0, 1.0, (4,), np.float32), action_space=gym.spaces.Discrete(2)
+            )
+            .training(model_size="nano", training_ratio=1, batch_size_B=2, batch_length_T=8, horizon_H=5)
+            .learners(num_learners=0)
+            .debugging(seed=0)
+        )
         learner = config.build_learner()
     finally:
         dreamerv3_rl_module.CriticNetwork = rllib_critic
@@ -513,17 +588,27 @@ def rllib_learner_updates(swap_in_multicritic: bool, steps: int = 2):
     rng = np.random.default_rng(0)
     b, t = 2, 8
     actions = rng.integers(0, 2, (b, t))
-    batch = {"obs": rng.uniform(-1, 1, (b, t, 4)).astype(np.float32), "actions_ints": actions,
-             "actions": np.eye(2, dtype=np.float32)[actions], "rewards": rng.normal(size=(b, t)).astype(np.float32),
-             "is_first": np.zeros((b, t), bool), "is_last": np.zeros((b, t), bool),
-             "is_terminated": np.zeros((b, t), bool), "is_truncated": np.zeros((b, t), bool)}
+    batch = {
+        "obs": rng.uniform(-1, 1, (b, t, 4)).astype(np.float32),
+        "actions_ints": actions,
+        "actions": np.eye(2, dtype=np.float32)[actions],
+        "rewards": rng.normal(size=(b, t)).astype(np.float32),
+        "is_first": np.zeros((b, t), bool),
+        "is_last": np.zeros((b, t), bool),
+        "is_terminated": np.zeros((b, t), bool),
+        "is_truncated": np.zeros((b, t), bool),
+    }
     batch["is_first"][:, 0] = True
     losses = []
     for step in range(steps):
-        results = learner.update(batch=SampleBatch(batch).as_multi_agent(),
-                                 timesteps={"num_env_steps_sampled_lifetime": b * t * (step + 1)})
+        results = learner.update(
+            batch=SampleBatch(batch).as_multi_agent(), timesteps={"num_env_steps_sampled_lifetime": b * t * (step + 1)}
+        )
         loss = results["default_policy"]["CRITIC_L_total"]
         losses.append(float(loss.peek() if hasattr(loss, "peek") else loss))
-    state = export_rllib_torch(critic.critic) if swap_in_multicritic else {
-        k: _np(v) for k, v in critic.state_dict().items()}
+    state = (
+        export_rllib_torch(critic.critic)
+        if swap_in_multicritic
+        else {k: _np(v) for k, v in critic.state_dict().items()}
+    )
     return losses, state

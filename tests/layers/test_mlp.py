@@ -54,8 +54,9 @@ def test_parts_give_the_mlp_of_their_concatenation(rows, members):
     parts = to_np(mlp([keras.ops.convert_to_tensor(a), keras.ops.convert_to_tensor(b)]))
     np.testing.assert_allclose(parts, whole, rtol=1e-5, atol=1e-5)
     if members is None:
-        np.testing.assert_allclose(parts, numpy_mlp(mlp, np.concatenate([a, b], -1).astype(np.float64)),
-                                   rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(
+            parts, numpy_mlp(mlp, np.concatenate([a, b], -1).astype(np.float64)), rtol=2e-5, atol=2e-5
+        )
 
 
 def test_config_round_trip():
@@ -166,8 +167,9 @@ def float16_mlp_bound(mlp, x, rescaled):
     assert len(mlp.dense_layers) == 1 and mlp.output_layer is None
     u, f32 = 2.0**-11, 2.0**-24
     kernel = to_np(mlp.dense_layers[0].kernel).astype(np.float64)
-    gamma, beta = (to_np(w).astype(np.float64) for w in (mlp.layer_normalizations[0].gamma,
-                                                          mlp.layer_normalizations[0].beta))
+    gamma, beta = (
+        to_np(w).astype(np.float64) for w in (mlp.layer_normalizations[0].gamma, mlp.layer_normalizations[0].beta)
+    )
     a = x @ kernel
     sigma = np.sqrt(a.var(-1, keepdims=True) + EPS_LN)
     normed = (a - a.mean(-1, keepdims=True)) / sigma
@@ -175,8 +177,11 @@ def float16_mlp_bound(mlp, x, rescaled):
     want = y / (1.0 + np.exp(-y))
     roundings = x.shape[-1] + 2 + np.where(rescaled, 2, 0)
     big_m = (roundings * u * (np.abs(x) @ np.abs(kernel))).max(-1, keepdims=True)
-    dy = np.abs(gamma) * (2 * big_m + np.abs(normed) * big_m) / sigma + 16 * f32 * (np.abs(gamma * normed)
-                                                                                    + np.abs(beta)) + u * np.abs(y)
+    dy = (
+        np.abs(gamma) * (2 * big_m + np.abs(normed) * big_m) / sigma
+        + 16 * f32 * (np.abs(gamma * normed) + np.abs(beta))
+        + u * np.abs(y)
+    )
     return want, 2 * (1.1 * dy + 5 * u * np.abs(want)) + 1e-7
 
 

@@ -18,8 +18,13 @@ def run(rank, world, port, out_dir):
     import torch
 
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                         world_size=world, timeout=datetime.timedelta(seconds=60))
+    torch.distributed.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     import keras
     import numpy as np
 
@@ -47,8 +52,10 @@ def run(rank, world, port, out_dir):
     case("critic", lambda: bool(trainer(critic={"ensemble_size": 2 if rank else 1})))
     case("options", lambda: bool(trainer(gamma=0.99 if rank else 0.997)))
     case("optimizer", lambda: bool(trainer(learning_rate=1e-4 if rank else 3e-5)))
-    case("seed", lambda: bool(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=3,
-                                                           aggregation="min_of_random"))))
+    case(
+        "seed",
+        lambda: bool(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=3, aggregation="min_of_random"))),
+    )
     case("agree", lambda: hosts.agree("config", {"size": "nano" if rank == 0 else "mini"}) or True)
 
     same = trainer()
@@ -58,9 +65,12 @@ def run(rank, world, port, out_dir):
 
     def dream(length, rows):
         c = same.critic
-        return (rng.normal(size=(length, rows, c.gru_units)).astype("float32"),
-                rng.random((length, rows, c.num_z_categoricals, c.num_z_classes)).astype("float32"),
-                rng.normal(size=(length, rows)).astype("float32"), np.ones((length, rows), "float32"))
+        return (
+            rng.normal(size=(length, rows, c.gru_units)).astype("float32"),
+            rng.random((length, rows, c.num_z_categoricals, c.num_z_classes)).astype("float32"),
+            rng.normal(size=(length, rows)).astype("float32"),
+            np.ones((length, rows), "float32"),
+        )
 
     case("horizon", lambda: bool(same.train_on_dream(*dream(6 if rank else 7, 8))))
     case("uneven", lambda: bool(same.train_on_dream(*dream(7, 7 if rank else 8))))

@@ -58,7 +58,7 @@ class Launch:
             if at is None:
                 at = next((i for i, line in enumerate(own) if re.search(r"\w+Error\b", line)), None)
             if at is not None:
-                parts.append(f"--- {tag}: first error ---\n" + "\n".join(own[at:at + 60])[-3000:])
+                parts.append(f"--- {tag}: first error ---\n" + "\n".join(own[at : at + 60])[-3000:])
         return "\n".join(parts + ["--- the output's tail ---", self.output[-4000:]])
 
 
@@ -69,8 +69,9 @@ def _env():
 
 
 def _run(cmd, limit_s):
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
@@ -83,8 +84,10 @@ def _run(cmd, limit_s):
             output, _ = proc.communicate()
         hang = Launch(None, output, {})
         pytest.fail(f"{' '.join(cmd[1:4])} ... still running after {limit_s} s (a hang):\n{hang.report()}")
-    exits = {m.group(1): (None if m.group(2) == "None" else int(m.group(2)), float(m.group(3)))
-             for m in re.finditer(r"local\.py: (.+?) exited with (-?\d+|None) at ([\d.]+)", output)}
+    exits = {
+        m.group(1): (None if m.group(2) == "None" else int(m.group(2)), float(m.group(3)))
+        for m in re.finditer(r"local\.py: (.+?) exited with (-?\d+|None) at ([\d.]+)", output)
+    }
     return Launch(proc.returncode, output, exits)
 
 
@@ -136,22 +139,31 @@ def copy_checkpoint(src_dir, kind, step, dst_dir, as_step=None):
     """`src_dir/kind/step-NNNNNN.npz` as the checkpoint of `dst_dir/kind` a run resumes from (as step
     `as_step`, default `step`)."""
     os.makedirs(os.path.join(dst_dir, kind), exist_ok=True)
-    shutil.copy(os.path.join(src_dir, kind, f"step-{step:06d}.npz"),
-                os.path.join(dst_dir, kind, f"step-{step if as_step is None else as_step:06d}.npz"))
+    shutil.copy(
+        os.path.join(src_dir, kind, f"step-{step:06d}.npz"),
+        os.path.join(dst_dir, kind, f"step-{step if as_step is None else as_step:06d}.npz"),
+    )
 
 
 def state(run) -> Dict[str, np.ndarray]:
-    return {k[len("state/"):]: v for k, v in run.items() if k.startswith("state/")}
+    return {k[len("state/") :]: v for k, v in run.items() if k.startswith("state/")}
 
 
 def metrics(run, step) -> Dict[str, float]:
     prefix = f"metrics/{step}/"
-    return {k[len(prefix):]: float(v) for k, v in run.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: float(v) for k, v in run.items() if k.startswith(prefix)}
 
 
 # Metrics computed from the all-reduced gradients or gathered returns: the same on every host.
-GLOBAL_METRICS = ("grad_norm", "nonfinite_grads", "step_skipped", "return_low", "return_high", "return_mean",
-                  "return_sqmean")
+GLOBAL_METRICS = (
+    "grad_norm",
+    "nonfinite_grads",
+    "step_skipped",
+    "return_low",
+    "return_high",
+    "return_mean",
+    "return_sqmean",
+)
 # Counts over a host's rows: they add up across hosts. Every other metric is a mean over the host's rows.
 SUMMED_METRICS = ("nonfinite_targets", "invalid_inputs")
 

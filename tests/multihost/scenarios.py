@@ -22,11 +22,21 @@ import re
 import numpy as np
 import pytest
 
-from multicritic import integrity
+from multicritic.files import integrity
 from tests.distributed.test_data_parallel import METRIC_RTOL, WEIGHT_ATOL
 from tests.multihost.launch import (
-    KINDS, RUN, copy_checkpoint, global_metrics, hosts, largest_state_gap, metric_gaps, one_host, outputs,
-    retried, same_state, succeeded,
+    KINDS,
+    RUN,
+    copy_checkpoint,
+    global_metrics,
+    hosts,
+    largest_state_gap,
+    metric_gaps,
+    one_host,
+    outputs,
+    retried,
+    same_state,
+    succeeded,
 )
 
 pytestmark = pytest.mark.multihost
@@ -52,19 +62,43 @@ def runs(engine, ending, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"{engine}-hosts")
     two, one, again = (str(base / name) for name in ("two", "one", "again"))
     launches = {}
-    launches["two"] = succeeded(retried(lambda: hosts(engine, "--critic", "single,ensemble,multi", *RUN, "--out",
-                                                      f"{two}/out", "--checkpoint-dir", f"{two}/ckpt"), [two]))
+    launches["two"] = succeeded(
+        retried(
+            lambda: hosts(
+                engine,
+                "--critic",
+                "single,ensemble,multi",
+                *RUN,
+                "--out",
+                f"{two}/out",
+                "--checkpoint-dir",
+                f"{two}/ckpt",
+            ),
+            [two],
+        )
+    )
     for kind in ("ensemble", "multi"):
         copy_checkpoint(f"{two}/ckpt", kind, 2, f"{one}/ckpt")
-    launches["one"] = succeeded(one_host(engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{one}/out",
-                                         "--checkpoint-dir", f"{one}/ckpt"))
+    launches["one"] = succeeded(
+        one_host(
+            engine, "--critic", "single,ensemble,multi", *RUN, "--out", f"{one}/out", "--checkpoint-dir", f"{one}/ckpt"
+        )
+    )
     for host in ("host0", "host1"):  # each host reads its own copy of the files
         copy_checkpoint(f"{one}/ckpt", "single", 2, f"{again}/{host}")
         copy_checkpoint(f"{two}/ckpt", "multi", 2, f"{again}/{host}")
     args = ["--critic", "multi,single,ensemble", *RUN, "--out", f"{again}/out", "--checkpoint-dir", f"{again}/host0"]
     if ending == "kill":
-        args += ["--kill-critic", "ensemble", "--kill-host", "1", "--kill-at-step", "1", "--timeout",
-                 str(KILL_TIMEOUT_S)]
+        args += [
+            "--kill-critic",
+            "ensemble",
+            "--kill-host",
+            "1",
+            "--kill-at-step",
+            "1",
+            "--timeout",
+            str(KILL_TIMEOUT_S),
+        ]
     else:
         # The ensemble: the same critic and step on both, other weights (the one host's step 4 on host 1).
         copy_checkpoint(f"{two}/ckpt", "ensemble", 2, f"{again}/host0")
@@ -94,8 +128,14 @@ def test_two_hosts_step_as_one_host_on_the_global_batch(engine, runs, kind):
     if kind == "ensemble":
         expected |= {"member_spread"}
     if kind == "multi":  # the percentile normaliser's statistics, from the global batch on every host
-        expected = {"task/return_low", "task/return_high", "explore/return_mean", "explore/member_spread",
-                    "task/total", "grad_norm"}
+        expected = {
+            "task/return_low",
+            "task/return_high",
+            "explore/return_mean",
+            "explore/member_spread",
+            "task/total",
+            "grad_norm",
+        }
     assert expected <= set(gaps), sorted(gaps)
     assert not {k: g for k, g in gaps.items() if g >= METRIC_RTOL}, gaps
     # Weights, EMA weights, normaliser, optimizer slots and step counters.
@@ -163,8 +203,10 @@ def check_different_checkpoints_are_refused(runs):
     # hosts, before any step (and its collectives) ran.
     assert len(launch.lines(r"(single|multi): trained steps 2\.\.3")) == 4, launch.report()
     assert launch.code != 0 and all(code != 0 for code, _ in launch.exits.values()), launch.exits
-    refused = launch.lines(r"(ValueError|DifferentCheckpoints): path: got another checkpoint on host 1 .* "
-                           r"no host restored it")
+    refused = launch.lines(
+        r"(ValueError|DifferentCheckpoints): path: got another checkpoint on host 1 .* "
+        r"no host restored it"
+    )
     assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
     assert not launch.lines(r"ensemble: (trained steps|restored step)")
 
@@ -175,14 +217,33 @@ def guards(engine, runs, tmp_path_factory):
     (SIGTERM) before step 3; one host resuming from a folder whose newest checkpoint is damaged and which holds a
     killed write's leftover; two hosts that find different checkpoints."""
     base = tmp_path_factory.mktemp(f"{engine}-guards")
-    launches = {"rate": hosts(engine, "--critic", "single", *RUN,
-                              launcher_args=["--host-args", "1", "--learning-rate 1e-4"]),
-                "uneven": hosts(engine, "--critic", "single", *RUN, "--batch", "15")}
+    launches = {
+        "rate": hosts(engine, "--critic", "single", *RUN, launcher_args=["--host-args", "1", "--learning-rate 1e-4"]),
+        "uneven": hosts(engine, "--critic", "single", *RUN, "--batch", "15"),
+    }
     pre = str(base / "pre")
-    launches["preempt"] = retried(lambda: hosts(engine, "--critic", "single,ensemble", "--steps", "8",
-                                                "--checkpoint-every", "100", "--batch", "16", "--horizon", "6",
-                                                "--checkpoint-dir", pre, "--preempt-host", "1",
-                                                "--preempt-at-step", "3"), [pre])
+    launches["preempt"] = retried(
+        lambda: hosts(
+            engine,
+            "--critic",
+            "single,ensemble",
+            "--steps",
+            "8",
+            "--checkpoint-every",
+            "100",
+            "--batch",
+            "16",
+            "--horizon",
+            "6",
+            "--checkpoint-dir",
+            pre,
+            "--preempt-host",
+            "1",
+            "--preempt-at-step",
+            "3",
+        ),
+        [pre],
+    )
     damaged = base / "damaged"
     copy_checkpoint(os.path.join(runs["folders"]["two"], "ckpt"), "single", 2, str(damaged))
     copy_checkpoint(os.path.join(runs["folders"]["two"], "ckpt"), "single", 4, str(damaged))
@@ -194,8 +255,17 @@ def guards(engine, runs, tmp_path_factory):
     launches["damaged"] = one_host(engine, "--critic", "single", *RUN, "--checkpoint-dir", str(damaged))
     # Host 0 finds a checkpoint, host 1 (its copy not arrived) none.
     copy_checkpoint(os.path.join(runs["folders"]["two"], "ckpt"), "single", 2, str(base / "host0"))
-    launches["resume"] = hosts(engine, "--critic", "single", *RUN, "--checkpoint-dir", str(base / "host0"),
-                               "--timeout", "30", launcher_args=["--host-args", "1", f"--checkpoint-dir {base}/host1"])
+    launches["resume"] = hosts(
+        engine,
+        "--critic",
+        "single",
+        *RUN,
+        "--checkpoint-dir",
+        str(base / "host0"),
+        "--timeout",
+        "30",
+        launcher_args=["--host-args", "1", f"--checkpoint-dir {base}/host1"],
+    )
     return {"folders": {"pre": pre, "damaged": str(damaged)}, **launches}
 
 
@@ -227,8 +297,10 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_leftovers_removed(guards
 
 def test_a_global_batch_that_splits_unevenly_is_refused_by_every_host(guards):
     launch = guards["uneven"]
-    refused = launch.lines(r"ValueError: h: got per-host batch shapes \[7, 8, \d+\] on host 0, \[7, 7, \d+\] on host 1 "
-                           r"for a dream step \(a global batch of 15 along axis 1\)")
+    refused = launch.lines(
+        r"ValueError: h: got per-host batch shapes \[7, 8, \d+\] on host 0, \[7, 7, \d+\] on host 1 "
+        r"for a dream step \(a global batch of 15 along axis 1\)"
+    )
     assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
     assert not launch.lines(r"trained steps")
 

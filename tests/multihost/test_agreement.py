@@ -23,10 +23,15 @@ def seen(tmp_path_factory):
     return folder, [json.loads((folder / f"host{rank}.json").read_text()) for rank in (0, 1)]
 
 
-@pytest.mark.parametrize("case, part", [
-    ("critic", "critic config"), ("options", "trainer options"), ("optimizer", "optimizer"),
-    ("seed", "trainer options"),
-])
+@pytest.mark.parametrize(
+    "case, part",
+    [
+        ("critic", "critic config"),
+        ("options", "trainer options"),
+        ("optimizer", "optimizer"),
+        ("seed", "trainer options"),
+    ],
+)
 def test_a_host_with_another_trainer_is_refused_on_every_host(seen, case, part):
     _, hosts = seen
     for host in hosts:
@@ -69,8 +74,9 @@ def test_the_same_checkpoint_restores_everywhere(seen):
 def test_another_batch_shape_or_an_uneven_split_is_refused_before_any_step(seen):
     _, hosts = seen
     for host in hosts:
-        assert host["horizon"]["error"].startswith("h: got per-host batch shapes [6, 8, 64] on host 0, "
-                                                   "[7, 8, 64] on host 1"[:26]), host["horizon"]
+        assert host["horizon"]["error"].startswith(
+            "h: got per-host batch shapes [6, 8, 64] on host 0, [7, 8, 64] on host 1"[:26]
+        ), host["horizon"]
         assert "expected the same shape on every host" in host["horizon"]["error"]
         assert host["uneven"]["error"].startswith("h: got per-host batch shapes [7, 8, "), host["uneven"]
         assert "a global batch of 15 along axis 1" in host["uneven"]["error"]
@@ -81,8 +87,9 @@ def test_another_batch_shape_or_an_uneven_split_is_refused_before_any_step(seen)
 def test_another_resume_step_is_refused_with_each_hosts_value(seen):
     _, hosts = seen
     for host in hosts:
-        assert host["resume"]["error"] == ("resume step: got [8, 4] on host 0, [] on host 1; expected the same on "
-                                           "every host (the same checkpoints).")
+        assert host["resume"]["error"] == (
+            "resume step: got [8, 4] on host 0, [] on host 1; expected the same on every host (the same checkpoints)."
+        )
 
 
 def test_a_preemption_signal_on_one_host_reaches_every_host_at_the_same_call(seen):

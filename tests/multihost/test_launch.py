@@ -4,9 +4,11 @@ import pytest
 
 from tests.multihost.launch import Launch, retried
 
-FAILED_CONNECTION = ("[host 0] Traceback (most recent call last):\n"
-                     "[host 0] torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to "
-                     "the C10d store has failed.\n")
+FAILED_CONNECTION = (
+    "[host 0] Traceback (most recent call last):\n"
+    "[host 0] torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to "
+    "the C10d store has failed.\n"
+)
 FAILED_STEP = "[host 1] Traceback (most recent call last):\n[host 1] ValueError: batch: got 3 rows\n"
 
 

@@ -11,7 +11,16 @@ import pytest
 
 from tests.distributed.test_data_parallel import METRIC_RTOL, WEIGHT_ATOL
 from tests.multihost.launch import (
-    KINDS, RUN, global_metrics, hosts, largest_state_gap, metric_gaps, outputs, require, retried, same_state,
+    KINDS,
+    RUN,
+    global_metrics,
+    hosts,
+    largest_state_gap,
+    metric_gaps,
+    outputs,
+    require,
+    retried,
+    same_state,
     succeeded,
 )
 from tests.multihost.scenarios import LOST_PEER, check_different_checkpoints_are_refused, out
@@ -55,9 +64,28 @@ def test_a_killed_host_makes_torchrun_restart_every_host_from_the_last_checkpoin
     # torchrun (--max-restarts=1) restarts both hosts' processes, which resume from the checkpoint of step 2
     # and finish with the uninterrupted run's state, bit for bit.
     out_dir, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
-    launch = succeeded(retried(lambda: hosts("torch", "--critic", "multi", *RUN, "--kill-host", "1", "--kill-at-step",
-                                             "3", "--timeout", "600", "--out", out_dir, "--checkpoint-dir", ckpt,
-                                             launcher_args=["--max-restarts", "1"]), [out_dir, ckpt]))
+    launch = succeeded(
+        retried(
+            lambda: hosts(
+                "torch",
+                "--critic",
+                "multi",
+                *RUN,
+                "--kill-host",
+                "1",
+                "--kill-at-step",
+                "3",
+                "--timeout",
+                "600",
+                "--out",
+                out_dir,
+                "--checkpoint-dir",
+                ckpt,
+                launcher_args=["--max-restarts", "1"],
+            ),
+            [out_dir, ckpt],
+        )
+    )
     assert [line for line in launch.lines(LOST_PEER["torch"]) if line.startswith("[host 0]")], launch.report()
     restarted_within_the_limit(launch)
     restarted, uninterrupted = outputs(out_dir, "multi"), out(runs, "two", "multi")
@@ -72,9 +100,26 @@ def ray_run(runs, tmp_path_factory):
     `FailureConfig(max_failures=1)`), then the single critic and the ensemble."""
     require("ray")
     folder = tmp_path_factory.mktemp("ray")
-    launch = succeeded(hosts("ray", "--critic", "multi,single,ensemble", *RUN, "--kill-critic", "multi",
-                             "--kill-host", "1", "--kill-at-step", "3", "--max-failures", "1", "--timeout", "600",
-                             "--out", str(folder)))
+    launch = succeeded(
+        hosts(
+            "ray",
+            "--critic",
+            "multi,single,ensemble",
+            *RUN,
+            "--kill-critic",
+            "multi",
+            "--kill-host",
+            "1",
+            "--kill-at-step",
+            "3",
+            "--max-failures",
+            "1",
+            "--timeout",
+            "600",
+            "--out",
+            str(folder),
+        )
+    )
     return folder, launch
 
 

@@ -6,7 +6,7 @@ nothing."""
 import pytest
 
 from multicritic import CriticNetwork, CriticTrainer
-from multicritic.critic import FIXED_OPTIONS as CRITIC_OPTIONS
+from multicritic.model.critic import FIXED_OPTIONS as CRITIC_OPTIONS
 from multicritic.training.step import FIXED_OPTIONS as STEP_OPTIONS
 from multicritic.validation import FixedOptionError
 

@@ -9,7 +9,9 @@ import warnings
 import numpy as np
 import pytest
 
-from multicritic import CriticNetwork, CriticTrainer, MultiCritic, integrity
+from multicritic import CriticNetwork, CriticTrainer, MultiCritic
+
+from multicritic.files import integrity
 from multicritic.training import checkpoint, hosts
 from tests.conftest import to_np
 
@@ -78,9 +80,10 @@ def test_the_fingerprint_changes_with_what_a_host_must_share():
     ensemble = hosts.fingerprint(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=2), seed=0))
     assert ensemble["critic config"] != base["critic config"] and ensemble["state variables"] != base["state variables"]
     # Without a seed, "min_of_random" draws differ from host to host: the draw seeds are part of it.
-    drawn = [hosts.fingerprint(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=3,
-                                                           aggregation="min_of_random")))
-             for _ in range(2)]
+    drawn = [
+        hosts.fingerprint(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=3, aggregation="min_of_random")))
+        for _ in range(2)
+    ]
     assert drawn[0]["trainer options"] != drawn[1]["trainer options"]
 
 

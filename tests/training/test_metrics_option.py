@@ -69,12 +69,17 @@ def test_core_metrics_still_skip_invalid_inputs_whole(policy):
 def test_core_metrics_keep_a_multi_critics_normaliser_statistics():
     runs = []
     for metrics in ("all", "core"):
-        multi = MultiCritic({"task": {"model_size": "nano"}, "explore": {"model_size": "nano"}},
-                            normalizers={"explore": ReturnNormalizer(decay=0.5)})
+        multi = MultiCritic(
+            {"task": {"model_size": "nano"}, "explore": {"model_size": "nano"}},
+            normalizers={"explore": ReturnNormalizer(decay=0.5)},
+        )
         multi.set_weights([np.full(w.shape, 0.01, "float32") for w in multi.get_weights()])
         h, z, rewards, continues = dream_batch(multi.critics["task"])
-        out = to_np(CriticTrainer(multi, metrics=metrics).train_on_dream(
-            h, z, {"task": 1000 * rewards, "explore": rewards}, continues))
+        out = to_np(
+            CriticTrainer(multi, metrics=metrics).train_on_dream(
+                h, z, {"task": 1000 * rewards, "explore": rewards}, continues
+            )
+        )
         runs.append((out, [to_np(v) for n in multi.normalizers.values() for v in n.variables]))
     (full, normalizers), (core, core_normalizers) = runs
     assert "explore/return_high" in core and "task/value_nll" not in core

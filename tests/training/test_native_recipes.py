@@ -49,8 +49,9 @@ def test_torch_recipe():
         assert not np.array_equal(to_np(critic.fast_weights[0]), fast_before[0])  # the optimizer stepped
     assert losses[-1] < 0.9 * losses[0]
     assert all(v.value.grad is None for v in critic.ema_weights)
-    assert not any(id(p) in {id(v.value) for v in critic.ema_weights}
-                   for g in optimizer.param_groups for p in g["params"])
+    assert not any(
+        id(p) in {id(v.value) for v in critic.ema_weights} for g in optimizer.param_groups for p in g["params"]
+    )
     check_ema(critic, [to_np(v) for v in critic.fast_weights], ema_before, critic.ema_decay)
 
 

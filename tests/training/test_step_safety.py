@@ -74,8 +74,10 @@ def test_bad_options_are_refused(kwargs, match):
         (lambda b: (b[0], b[1], b[2], -b[3]), r"loss_weights: got 32 negative value\(s\), expected weights >= 0"),
         (lambda b: (b[0], b[1], None, b[3]), r"value_targets: got None, expected a real-valued array"),
         (lambda b: (b[0], b[1], ["a"] * 32, b[3]), r"value_targets: got an array of dtype <U1, expected real numbers"),
-        (lambda b: (b[0], b[1], [[1.0], [1.0, 2.0]], b[3]),
-         r"value_targets: got a list that is not a rectangular array"),
+        (
+            lambda b: (b[0], b[1], [[1.0], [1.0, 2.0]], b[3]),
+            r"value_targets: got a list that is not a rectangular array",
+        ),
         (lambda b: (b[0][0], b[1], b[2], b[3]), r"h: got shape \[16\], expected \[N, gru_units\]"),
     ],
 )

@@ -1,0 +1,116 @@
+"""The runtimes that serve `critic.export`s: TensorFlow (SavedModel), onnxruntime (ONNX), the LiteRT interpreter.
+
+The files' runtimes, not a Keras backend: each is imported when used
+(`pip install ".[export]"`), whatever backend Keras runs, and none computes
+the critic's math (the backend contract's test names this module as the one
+outside `backend/` that imports a framework).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+
+# The export formats, each served by its own runtime.
+FORMATS = ("tf_saved_model", "onnx", "litert")
+
+
+def check_path(filepath, format, what="filepath", exists=False) -> str:
+    """`filepath` as a str, checked for `format` (a directory for `tf_saved_model`, a file otherwise): the
+    path must not be the other kind, and its folder must exist (`exists`: the path itself must)."""
+    if not isinstance(filepath, (str, os.PathLike)) or not os.fspath(filepath):
+        raise ValueError(f"{what}: got {filepath!r}, expected a path (a str or os.PathLike).")
+    path = os.fspath(filepath)
+    if isinstance(path, bytes):
+        raise ValueError(f"{what}: got {filepath!r}, expected a path (a str or os.PathLike).")
+    kind = "directory" if format == "tf_saved_model" else "file"
+    other = os.path.isfile(path) if kind == "directory" else os.path.isdir(path)
+    if other:
+        raise ValueError(
+            f"{what}: {path!r} is a {'file' if kind == 'directory' else 'directory'}, expected a {kind} "
+            f"path for format {format!r}."
+        )
+    if exists and not os.path.exists(path):
+        raise ValueError(f"{what}: {path!r} does not exist, expected a {format!r} export ({kind}).")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{what}: {path!r} is in {folder!r}, which is not an existing directory.")
+    return path
+
+
+def load_exported(filepath, format):
+    """A callable `fn(h, z) -> (value_real, value_symlog, logits)` (numpy) running an export with its own
+    runtime: TensorFlow for `tf_saved_model`, onnxruntime for `onnx`, the LiteRT interpreter for `litert`
+    (each imported here, installed separately).
+
+    A `ValueError` names `format` (not one of the three), `filepath` (missing, the wrong kind of path, or
+    not an export its runtime can load) or the runtime that is not installed."""
+    from multicritic.validation import real_values
+
+    if not isinstance(format, str) or format not in FORMATS:
+        raise ValueError(f"format: got {format!r}, expected one of {list(FORMATS)}.")
+    path = check_path(filepath, format, exists=True)
+    runtime = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}[format]
+    try:
+        importlib.import_module(runtime)
+    except ImportError as err:
+        raise ValueError(f"format: {format!r} exports run with {runtime}, which cannot be imported ({err}).") from None
+    try:
+        run = _load(path, format)
+    except Exception as err:  # the runtime's own error for a file it cannot read
+        raise ValueError(
+            f"filepath: {path!r} is not a {format!r} export this runtime can load ({_reason(err)})."
+        ) from err
+
+    def serve(h, z):
+        h, z = (np.asarray(real_values(name, x), np.float32) for name, x in (("h", h), ("z", z)))
+        if h.ndim != 2 or z.ndim != 3 or h.shape[0] != z.shape[0]:
+            raise ValueError(
+                f"h, z: got shapes {list(h.shape)} and {list(z.shape)}, expected h [B, gru_units] and "
+                "z [B, num_z_categoricals, num_z_classes]."
+            )
+        try:
+            return run(h, z)
+        except Exception as err:  # the runtime's own error for inputs its signature does not take
+            raise ValueError(
+                f"h, z: the export refused shapes {list(h.shape)} and {list(z.shape)} ({_reason(err)})."
+            ) from err
+
+    return serve
+
+
+def _reason(err) -> str:
+    return f"{type(err).__name__}: " + " ".join(str(err).split())[:300]
+
+
+def _load(path, format):
+    if format == "tf_saved_model":
+        import tensorflow as tf
+
+        loaded = tf.saved_model.load(path)  # kept alive: it owns the variables `serve` reads
+
+        def run(h, z):
+            return tuple(np.asarray(o) for o in loaded.serve(tf.constant(h, tf.float32), tf.constant(z, tf.float32)))
+
+        return run
+    if format == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return lambda h, z: tuple(session.run(None, dict(zip(names, (np.float32(h), np.float32(z))))))
+    if format == "litert":
+        from ai_edge_litert.interpreter import Interpreter
+
+        interpreter = Interpreter(model_path=path)
+        runner = interpreter.get_signature_runner()
+        outputs = sorted(runner.get_output_details())  # output_0, output_1, output_2
+
+        def run(h, z):
+            out = runner(h=np.asarray(h, np.float32), z=np.asarray(z, np.float32))
+            return tuple(out[k] for k in outputs)
+
+        return run
+    raise AssertionError(format)

@@ -1,0 +1,2 @@
+"""The critic as a Keras model: `CriticNetwork`, its options and sizes, ensembles' members, `MultiCritic`,
+the return normaliser."""
