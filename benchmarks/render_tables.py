@@ -33,6 +33,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: the agents' summaries are `benchmarks.agents.plot_curves`'s
 RESULTS = ROOT / "benchmarks" / "results"
 PAGES = ("README.md", "docs/**/*.md")
 

@@ -32,8 +32,9 @@ class QuantileHead(ValueHead):
     `tau_i = (2i + 1) / (2 * num_quantiles)`; the value is their mean. The
     loss is the quantile Huber loss of each quantile against the symlog
     target, `|tau_i - 1{u_i < 0}| * huber_kappa(u_i) / kappa` with
-    `u_i = symlog(G) - q_i`, averaged over the quantiles (so its scale does
-    not grow with their number). The value is the mean return,
+    `u_i = symlog(G) - q_i`, summed over the quantiles as in the paper's
+    eq. 10 (averaged, the slow-critic regulariser on the value would
+    outweigh each quantile's own term `num_quantiles` to 1). The value is the mean return,
     `symlog(mean_i symexp(q_i))` (the return's quantiles are `symexp(q_i)`).
     The slow-critic regulariser
     (`"two_hot_mean"`, the only one) is `0.5 * (v - v_ema)^2` on the decoded
@@ -90,7 +91,7 @@ class QuantileHead(ValueHead):
         abs_u = ops.abs(u)
         huber = ops.where(abs_u <= self.kappa, 0.5 * ops.square(u), self.kappa * (abs_u - 0.5 * self.kappa))
         weight = ops.abs(taus - ops.cast(u < 0.0, "float32"))
-        value_term = ops.mean(weight * huber, axis=-1) / self.kappa
+        value_term = ops.sum(weight * huber, axis=-1) / self.kappa
         if ema_value_symlog is None:
             return value_term, None
         return value_term, 0.5 * ops.square(self.decode(logits) - ema_value_symlog)
