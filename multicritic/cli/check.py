@@ -44,8 +44,10 @@ STEP_KEYS = ("step_total", "step_grad_norm", "step_fast", "step_ema")
 COMPILED_KEY, HOST_KEY = "compiled", "host"
 COLUMNS = (COMPILED_KEY, HOST_KEY) + FORWARD_KEYS + STEP_KEYS
 # Max |difference| allowed, relative to max(1, |reference|); a host's round trip copies arrays: exact.
+# compiled: as across backends (1e-4); TensorFlow's XLA reorders the RMS norm's reductions (the official code's
+# and TorchRL's 2024 options: 4.2e-5 from eager), and a compiled path's fault (1e-3 in the tests) stays caught.
 TOLERANCE = {
-    "compiled": 1e-5,
+    "compiled": 1e-4,
     "host": 0.0,
     "value": 1e-4,
     "logits": 1e-4,

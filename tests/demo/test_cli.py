@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from multicritic.cli import main
+from multicritic.cli.check import TOLERANCE
 from multicritic.demo.run import DemoConfig, run_demo
 from tests.conftest import BACKEND
 from tests.demo.fake_env import (
@@ -325,7 +326,9 @@ def test_check_passes_on_this_backend():
         # One backend: only eager vs compiled is checked; the rest says so.
         cells = row.split()
         # compiled, then host ("0.00e+00": the host's round trip exact, "-": no host), then 8 cross-backend cells.
-        assert float(cells[1]) <= 1e-5 and cells[2] in ("0.00e+00", "-") and cells[3:11] == ["n/a"] * 8, row
+        assert (
+            float(cells[1]) <= TOLERANCE["compiled"] and cells[2] in ("0.00e+00", "-") and cells[3:11] == ["n/a"] * 8
+        ), row
         assert cells[11:] == ["ok", "(one", "backend:", "compiled", "only)"], row
     assert "NOT compared across backends" in ok.stdout
     # That a perturbed compiled path fails the check: tests/cli/test_check.py (in process), and through this CLI
