@@ -80,9 +80,9 @@ def fixed_batch(gru_units: int, cats: int, classes: int, n: int = 32):
     return h, z, targets, weights
 
 
-def _run_config(options: Dict, perturb: Optional[str]) -> Dict[str, np.ndarray]:
+def _run_config(options: Dict) -> Dict[str, np.ndarray]:
     """One configuration's outputs: eager forward (`FORWARD_KEYS`), compiled forward
-    (`compiled_` + forward key) and one train step (`STEP_KEYS`)."""
+    (`compiled_` + forward key), one train step (`STEP_KEYS`) and, for a host, its round trip."""
     import keras
 
     from multicritic.model.critic import CriticNetwork
@@ -102,35 +102,48 @@ def _run_config(options: Dict, perturb: Optional[str]) -> Dict[str, np.ndarray]:
         critic.set_weights([w * 0.5 for w in critic.get_weights()])
         host.load(critic, state)
         out["host_loaded"] = np.concatenate([np.ravel(w) for w in critic.get_weights()])
-        if perturb == "host":
-            out["host_loaded"] = out["host_loaded"].astype(np.float64) + 1e-6
     for prefix, use_ema in (("", False), ("ema_", True)):
         eager = critic(h, z, use_ema=use_ema)
         compiled = predict_function(critic, use_ema=use_ema)(h, z)
         for name, e, c in zip(("value", "logits"), eager, compiled):
-            e, c = numpy(e), numpy(c)
-            if name == "logits" and perturb == "forward":  # this backend's forward pass (eager and compiled)
-                e, c = e + 1e-3, c + 1e-3
-            if name == "logits" and perturb == "compiled":  # its compiled forward pass only
-                c = c + 1e-3
-            out[prefix + name], out["compiled_" + prefix + name] = e, c
+            out[prefix + name], out["compiled_" + prefix + name] = numpy(e), numpy(c)
     metrics = CriticTrainer(critic).train_step(h, z, targets, weights)
     out["step_total"] = numpy(metrics["total"])
     out["step_grad_norm"] = numpy(metrics["grad_norm"])
     out["step_fast"] = np.concatenate([np.ravel(numpy(v.value)) for v in critic.fast_weights])
-    out["step_fast"] = out["step_fast"] + (1e-4 if perturb == "step" else 0.0)
     out["step_ema"] = np.concatenate([np.ravel(numpy(v.value)) for v in critic.ema_weights])
     return out
 
 
-def worker(out_path: str, perturb=None) -> None:
+def outputs() -> Dict[str, Dict[str, np.ndarray]]:
+    """Every configuration's outputs on this backend (`{config: {key: array}}`)."""
+    return {config: _run_config(options) for config, options in CONFIGS.items()}
+
+
+def perturbed(out: Dict[str, np.ndarray], perturb: Optional[str]) -> Dict[str, np.ndarray]:
+    """One configuration's outputs as a faulty backend would give them (see `worker`); a copy."""
+    out = dict(out)
+    for prefix in ("", "ema_"):
+        if perturb == "forward":  # this backend's forward pass (eager and compiled)
+            out[prefix + "logits"] = out[prefix + "logits"] + 1e-3
+        if perturb in ("forward", "compiled"):  # its compiled forward pass
+            out["compiled_" + prefix + "logits"] = out["compiled_" + prefix + "logits"] + 1e-3
+    if perturb == "step":
+        out["step_fast"] = out["step_fast"] + 1e-4
+    if perturb == "host" and "host_loaded" in out:
+        out["host_loaded"] = out["host_loaded"].astype(np.float64) + 1e-6
+    return out
+
+
+def worker(out_path: str, perturb=None, computed=None) -> None:
     """Runs in a subprocess on one backend; writes every configuration's results to `out_path` (.npz).
 
     `perturb` (tests: proves a mismatch is caught where it should be):
     "forward" (or True) shifts this backend's logits (eager and compiled) by
     1e-3, "compiled" only its compiled logits, "step" the fast weights after
     the train step by 1e-4, "host" the weights a host's round trip gave back
-    by 1e-6.
+    by 1e-6. `computed`: `outputs()` already run in this process (tests), to
+    write each perturbation of the same outputs without running them again.
     """
     import keras
 
@@ -138,8 +151,8 @@ def worker(out_path: str, perturb=None) -> None:
     if perturb not in (None,) + PERTURBATIONS:
         raise ValueError(f"perturb: got {perturb!r}, expected one of {list(PERTURBATIONS)}")
     out = {}
-    for config, options in CONFIGS.items():
-        for key, value in _run_config(options, perturb).items():
+    for config, values in (computed if computed is not None else outputs()).items():
+        for key, value in perturbed(values, perturb).items():
             out[config + _SEP + key] = value
     np.savez(out_path, backend=np.array(keras.backend.backend()), **out)
 
