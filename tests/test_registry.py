@@ -116,6 +116,25 @@ def test_part_in_an_ensemble_is_each_members_single_critic_and_trains(kind, name
     assert any(not np.array_equal(b, to_np(v)) for b, v in zip(before, ensemble.trainable_variables))
 
 
+@pytest.mark.parametrize("kind, name", PARTS, ids=IDS)
+def test_part_trains_the_same_in_the_compiled_step(kind, name):
+    # The backend's compiled train step (jax.jit, tf.function with XLA, PyTorch's whole step traced into one
+    # graph) against its eager step, from the same weights: the losses and the weights after two steps.
+    runs = []
+    for jit_compile in (False, True):
+        critic = critic_with(kind, name)
+        randomize(critic, seed=8)
+        trainer = CriticTrainer(critic, learning_rate=1e-3, jit_compile=jit_compile)
+        h, z = random_inputs(critic, 6)
+        targets = np.random.default_rng(2).normal(scale=30.0, size=6).astype("float32")
+        totals = [to_np(trainer.train_step(h, z, targets, np.ones(6, "float32"))["total"]) for _ in range(2)]
+        runs.append((totals, [to_np(v) for v in critic.weights]))
+    (eager_totals, eager_weights), (totals, weights) = runs
+    np.testing.assert_allclose(totals, eager_totals, rtol=1e-5)
+    for got, want in zip(weights, eager_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", HEADS)
 def test_the_loss_of_a_head_is_the_same_compiled(name):
     critic = critic_with("head", name)

@@ -57,6 +57,17 @@ VIEWS = {
     "torchrl": ("torchrl", lambda c: torchrl.torchrl_modules(c)[0], lambda lat, h, z: ((lat,), {})),
     "rllib": ("rllib", lambda c: rllib.rllib_torch_module(c), lambda lat, h, z: ((h, z), {"return_logits": True})),
     "critic": ({}, lambda c: c, lambda lat, h, z: ((h, z), {})),
+    # The registered parts other than the reference's: a head without buckets on residual blocks, and HL-Gauss.
+    "fast_module(quantile, residual)": (
+        {"head": "quantile", "trunk": "residual"},
+        lambda c: c.fast_module(outputs="both"),
+        lambda lat, h, z: ((lat,), {}),
+    ),
+    "torch_module(hl_gauss)": (
+        {"head": "hl_gauss"},
+        lambda c: c.torch_module(),
+        lambda lat, h, z: ((h, z), {"return_logits": True}),
+    ),
 }
 STATE_VIEWS = [name for name in VIEWS if name != "critic"]  # our load_state_dict (the critic's is Keras's)
 
