@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import BACKEND
@@ -108,3 +109,25 @@ def test_sheeprl_driver_runs_both_halves_through_a_resume(tmp_path):
     plot = [sys.executable, os.path.join(ROOT, "benchmarks", "agents", "plot_curves.py"), "sheeprl", str(out), str(png)]
     assert subprocess.run(plot, capture_output=True, text=True, timeout=300, cwd=ROOT).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_final_returns_and_the_spread_check():
+    from benchmarks.agents.plot_curves import final_return, ppo_finals, within_spread
+
+    # Episodes ending in the last 10% of 1000 steps (after step 900) count; none there is NaN.
+    assert final_return([[100, 1.0], [900, 5.0], [901, 10.0], [1000, 20.0]], 1000) == 15.0
+    assert np.isnan(final_return([[100, 1.0]], 1000))
+    run = {"env": "E", "head": "h", "backend": "b", "steps": 10}
+    results = {
+        "runs": {
+            str(i): dict(run, reward_scale=s, episodes=[[10, r]])
+            for i, (s, r) in enumerate([(1.0, 100.0), (1.0, 200.0), (1e3, 150.0), (1e3, 180.0)])
+        }
+    }
+    assert ppo_finals(results) == {("E", "h", "b"): {1.0: [100.0, 200.0], 1e3: [150.0, 180.0]}}
+    # Means 150 and 165: each inside the other's [min, max].
+    assert within_spread({1.0: [100.0, 200.0], 1e3: [150.0, 180.0]})
+    # Means 150 and 300: neither inside the other's range.
+    assert not within_spread({1.0: [100.0, 200.0], 1e3: [290.0, 310.0]})
+    # One direction failing is enough: 165 in [100, 200], but 150 not in [160, 170].
+    assert not within_spread({1.0: [100.0, 200.0], 1e3: [160.0, 170.0]})
