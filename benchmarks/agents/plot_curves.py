@@ -60,6 +60,8 @@ def sheeprl_curves(results, bins=16):
     """`{variant: (steps, mean over seeds, min, max, seeds)}` from the driver's runs (both halves joined)."""
     steps, per_variant = results["steps"], {}
     for key, halves in results["runs"].items():
+        if len(halves) < 2:
+            continue  # a run still going: its seed joins the curve when it has both halves
         variant, _ = key.split("/")
         episodes = [e for half in halves for e in half["episodes"]]
         per_variant.setdefault(variant, []).append(binned(episodes, steps, bins)[1])
