@@ -28,6 +28,7 @@ from multicritic import critic_loss, inverse_symlog  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from keras_agent import (
     HYPERPARAMETERS,
+    critic_fit,
     env_step,
     gae,
     main,
@@ -102,7 +103,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
                 nn.utils.clip_grad_norm_(fast.parameters(), hp["critic_clip"])
                 critic_opt.step()
                 critic.update_ema()
-        report(record, step, start, json_path, log)
+        report(record, step, start, json_path, log, critic_fit(buf["value"], returns))
     envs.close()
     return record
 
