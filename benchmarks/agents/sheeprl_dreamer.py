@@ -9,6 +9,15 @@ resume. Variants, same config and seeds:
 - `stock`: sheeprl's critic and target critic;
 - `swap`: the README's swap (`sheeprl_critic` + `sheeprl_modules`, 2023
   options, sheeprl's own loss, optimizer and target update on the views).
+- `swap-2024`: the swap with the 2024 recipe's critic (`RECIPE_2024`: symexp
+  buckets decoded in real space, RMS norm, biases, fan-in truncated-normal
+  initialisers, zero-initialised output), views in the critic's own layout,
+  and sheeprl's distribution replaced by `sheeprl_distribution` where `train`
+  reads the critic. sheeprl's optimizer, target update, loss (the lambda
+  returns and the target critic's mean as two-hot targets, the 2024
+  regulariser too) and sizes stay; the recipe's optimizer (LaProp) and
+  replay value loss are the trainer's, not the critic's, so they are not
+  part of a critic swap.
 
 Writes the episodes' returns against environment steps, the wall and CPU
 time of each half, to `--json` after every finished half (a rerun skips the
@@ -33,12 +42,18 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 os.environ.setdefault("KERAS_BACKEND", "torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 from benchmarks import example  # noqa: E402
 
-VARIANTS = ("stock", "swap")
+VARIANTS = ("stock", "swap", "swap-2024")
+# The 2024 recipe's options of the critic itself, from the preset (its sizes are sheeprl's here).
+RECIPE_2024_KEYS = (
+    "bin_scheme", "num_buckets", "lower_bound", "upper_bound", "norm", "norm_epsilon", "use_bias", "kernel_initializer"
+)  # fmt: skip
 
 # The example's settings (CPU, one environment, vector observations), on a Gymnasium task at sizes that learn
 # CartPole in a few thousand steps on one CPU thread: dense 64 / recurrent 128 / 16x16 latents, B 16 x T 64,
@@ -72,7 +87,8 @@ def overrides():
 
 
 _EPISODE = re.compile(r"policy_step=(\d+), reward_env_\d+=([-+0-9.eE]+)")
-_SWAPPED, _CPU = "multicritic swap: ", "cpu seconds: "
+_SWAPPED, _CPU, _READ = "multicritic swap: ", "cpu seconds: ", "critic distributions: "
+_READS = [0]  # how often sheeprl's train read the 2024 critic through `sheeprl_distribution`
 
 
 def _swap(variant: str) -> None:
@@ -83,26 +99,76 @@ def _swap(variant: str) -> None:
 
     build_agent = dreamer_v3.build_agent
 
-    def swapped(fabric, actions_dim, is_continuous, cfg, *args, **kwargs):
+    def swapped(fabric, actions_dim, is_continuous, cfg, obs_space, wm_state=None, actor_state=None, *states):
         from sheeprl.utils.fabric import setup_module
 
-        world_model, actor, critic, target_critic, player = build_agent(
-            fabric, actions_dim, is_continuous, cfg, *args, **kwargs
-        )
+        recipe = variant == "swap-2024"
+        # The 2024 critic's weights are in its own layout, which sheeprl's critic cannot load: they go into the
+        # views below, and sheeprl's critic is built fresh.
+        args = (fabric, actions_dim, is_continuous, cfg, obs_space, wm_state, actor_state)
+        world_model, actor, critic, target_critic, player = build_agent(*args, *(() if recipe else states))
         wm = cfg.algo.world_model
-        # sheeprl's weights (fresh, or its checkpoint's on a resume) in, the views out.
-        ours = adapter.sheeprl_critic(
-            critic.module.state_dict(),
-            target_critic.state_dict(),
+        sizes = dict(
             gru_units=wm.recurrent_model.recurrent_state_size,
             num_z_categoricals=wm.stochastic_size,
             num_z_classes=wm.discrete_size,
         )
-        critic_module, target_module = adapter.sheeprl_modules(ours)
-        print(f"{_SWAPPED}{variant}: {type(critic_module).__name__}", flush=True)
+        if recipe:
+            ours = _recipe_critic(cfg, sizes)
+            critic_module, target_module = adapter.sheeprl_modules(ours, layout="multicritic")
+            for module, state in zip((critic_module, target_module), states):
+                if state is not None:  # a resume: the checkpoint's critic and target critic
+                    module.load_state_dict(state)
+            _use_distribution(dreamer_v3, adapter.sheeprl_distribution(ours), (critic_module, target_module))
+        else:
+            # sheeprl's weights (fresh, or its checkpoint's on a resume) in, the views out.
+            ours = adapter.sheeprl_critic(critic.module.state_dict(), target_critic.state_dict(), **sizes)
+            critic_module, target_module = adapter.sheeprl_modules(ours)
+        resumed = " (resumed)" if any(state is not None for state in states) else ""
+        print(f"{_SWAPPED}{variant}: {type(critic_module).__name__}{resumed}", flush=True)
         return world_model, actor, setup_module(fabric, critic_module), target_module, player
 
     dreamer_v3.build_agent = swapped
+
+
+def _recipe_critic(cfg, sizes):
+    """The 2024 recipe's critic at sheeprl's critic sizes, its initial weights from sheeprl's seed."""
+    import keras
+
+    from multicritic import CriticNetwork, presets
+
+    recipe = presets.options("dreamerv3-2024")["critic"]
+    keras.utils.set_random_seed(cfg.seed)
+    critic = CriticNetwork(
+        model_size=None,
+        num_dense_layers=cfg.algo.critic.mlp_layers,
+        dense_hidden_units=cfg.algo.critic.dense_units,
+        input_layout="z_h",
+        **sizes,
+        **{key: recipe[key] for key in RECIPE_2024_KEYS},
+    )
+    z = np.zeros((1, sizes["num_z_categoricals"], sizes["num_z_classes"]), "float32")
+    critic(np.zeros((1, sizes["gru_units"]), "float32"), z)
+    return critic
+
+
+def _use_distribution(dreamer_v3, distribution, modules):
+    """sheeprl's `train` reads the critic's logits through `TwoHotEncodingDistribution`, as it reads the reward
+    model's: the critic's (the outputs of `modules`, recorded by a forward hook) get `distribution`, the
+    reward model's sheeprl's own."""
+    import weakref
+
+    theirs, outputs = dreamer_v3.TwoHotEncodingDistribution, weakref.WeakValueDictionary()
+    for module in modules:
+        module.register_forward_hook(lambda module, args, out: outputs.__setitem__(id(out), out))
+
+    def either(logits, dims=0):
+        if outputs.get(id(logits)) is logits:
+            _READS[0] += 1
+            return distribution(logits, dims)
+        return theirs(logits, dims=dims)
+
+    dreamer_v3.TwoHotEncodingDistribution = either
 
 
 def child(variant: str, extra) -> None:
@@ -122,6 +188,7 @@ def child(variant: str, extra) -> None:
     cfg = dotdict(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
     check_configs(cfg)
     run_algorithm(cfg)
+    print(f"{_READ}{_READS[0]}", flush=True)
     print(f"{_CPU}{time.process_time()}", flush=True)
 
 
@@ -148,7 +215,7 @@ def run_half(variant: str, seed: int, steps: int, half: int, work: str, env_id: 
         overrides.append(f"checkpoint.resume_from={_checkpoint(log_root)}")
     command = [sys.executable, os.path.abspath(__file__), "--child", variant, *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    start, episodes, swapped, cpu = time.perf_counter(), [], None, None
+    start, episodes, swapped, cpu, reads = time.perf_counter(), [], None, None, None
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
     ) as process:
@@ -163,12 +230,16 @@ def run_half(variant: str, seed: int, steps: int, half: int, work: str, env_id: 
                 swapped = line[len(_SWAPPED) :].strip()
             if line.startswith(_CPU):
                 cpu = float(line[len(_CPU) :])
+            if line.startswith(_READ):
+                reads = int(line[len(_READ) :])
     if process.returncode:
         raise RuntimeError(f"{variant} seed {seed} half {half} failed:\n{''.join(lines[-40:])}")
     if (variant != "stock") != bool(swapped):
         raise RuntimeError(f"{variant} seed {seed}: the swap {'did not' if swapped is None else 'did'} take place")
+    if variant == "swap-2024" and not reads:
+        raise RuntimeError(f"{variant} seed {seed}: sheeprl's train never read the critic through its distribution")
     wall = time.perf_counter() - start
-    return {"episodes": episodes, "wall_s": wall, "cpu_s": cpu, "swapped": swapped}
+    return {"episodes": episodes, "wall_s": wall, "cpu_s": cpu, "swapped": swapped, "critic_reads": reads}
 
 
 def main(argv=None):

@@ -28,11 +28,17 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Tuple
 
+from keras import ops
+
 from multicritic.interop import _common
 from multicritic.interop.adapter import HostAdapter
+from multicritic.math.bins import inverse_symlog
 
 CRITIC_OPTIONS = dict(input_layout="z_h", **_common.ARCHITECTURE_2023)
 _BUILDER = "CriticNetwork(..., **multicritic.interop.sheeprl.CRITIC_OPTIONS)"
+# "sheeprl": sheeprl's own parameter names and shapes (its checkpoints load either way; the 2023 options only).
+# "multicritic": the critic's own names (any options; its checkpoints then hold multicritic's keys).
+LAYOUTS = ("sheeprl", "multicritic")
 
 
 def _key(kind: str, i: int) -> str:
@@ -94,7 +100,7 @@ def sheeprl_critic(
     )
 
 
-def sheeprl_modules(critic, outputs: str = "logits"):
+def sheeprl_modules(critic, outputs: str = "logits", layout: str = "sheeprl"):
     """The critic as sheeprl's `critic` and `target_critic` modules, in sheeprl's own checkpoint layout.
 
     Two `torch.nn.Module` views of `critic`'s own tensors (`fast_module` /
@@ -113,14 +119,22 @@ def sheeprl_modules(critic, outputs: str = "logits"):
             (`sheeprl_critic` builds one from sheeprl's state dicts).
         outputs: what `forward(latent)` returns: `"logits"` (as sheeprl's
             critic), `"value"` (symlog) or `"both"`.
+        layout: `"sheeprl"` (sheeprl's parameter names, for a critic with
+            `CRITIC_OPTIONS`) or `"multicritic"` (the critic's own names, any
+            options: the 2024 recipe's RMS norm, biases and symexp buckets;
+            sheeprl's checkpoints then hold these names, and
+            `checkpoint.resume_from` must load them into the views, as
+            `benchmarks/agents/sheeprl_dreamer.py` does). With other buckets
+            than sheeprl's, give sheeprl's `train` `sheeprl_distribution`.
 
     Returns:
         `(critic_module, target_critic_module)`: the fast critic (trainable)
         and the EMA copy (no gradients).
 
     Raises:
-        ValueError: when `critic` is not a built single critic of sheeprl's
-            architecture, or not on the PyTorch backend.
+        ValueError: when `critic` is not a built single critic (of sheeprl's
+            architecture, for `layout="sheeprl"`), or not on the PyTorch
+            backend, or for another `layout`.
 
     Example (in sheeprl's DreamerV3, after `build_agent(...)` returned
     `critic` and `target_critic`):
@@ -129,8 +143,68 @@ def sheeprl_modules(critic, outputs: str = "logits"):
         >>> critic_module, target_module = sheeprl_modules(ours)
         >>> critic, target_critic = setup_module(fabric, critic_module), setup_module(fabric, target_module)
     """
-    fast, ema = _common.view_layouts(critic, _layout(critic))
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: got {layout!r}, expected one of {list(LAYOUTS)}.")
+    if layout == "multicritic":
+        _common.check_critic(critic)
+        _common.view_layouts(critic, [])
+        return critic.fast_module(outputs=outputs), critic.ema_module(outputs=outputs)
+    try:
+        layout_entries = _layout(critic)
+    except ValueError as err:
+        raise ValueError(f"{err} Or keep the critic's options with layout='multicritic'.") from None
+    fast, ema = _common.view_layouts(critic, layout_entries)
     return critic.fast_module(outputs=outputs, layout=fast), critic.ema_module(outputs=outputs, layout=ema)
+
+
+class SheeprlDistribution:
+    """The critic's value distribution with the interface sheeprl's `train` uses of its
+    `TwoHotEncodingDistribution(logits, dims=1)`: `mean` (and `mode`) `[..., 1]` in real space, and
+    `log_prob(x)` `[...]` of real-space `x [..., 1]`, over the critic's own head and support (e.g. the 2024
+    symexp buckets, where sheeprl's class builds `linspace` buckets in symlog space). In `keras.ops`: the
+    tensors are the backend's (PyTorch's, with autograd, inside sheeprl).
+
+    Args:
+        logits: `[..., units]` the critic's logits (`sheeprl_modules`' output).
+        head: the critic's head (`critic.return_layer`).
+    """
+
+    def __init__(self, logits, head):
+        self.logits, self.head = logits, head
+
+    @property
+    def mean(self):
+        return ops.expand_dims(inverse_symlog(self.head.decode(self.logits)), -1)
+
+    mode = mean
+
+    def log_prob(self, x):
+        """The head's log-likelihood of real-space values `x [..., 1]` (minus its value loss): `[...]`."""
+        value_term, _ = self.head.position_losses(
+            self.logits, ops.squeeze(ops.cast(x, "float32"), -1), None, None, regularizer="two_hot_mean"
+        )
+        return -value_term
+
+
+def sheeprl_distribution(critic):
+    """A stand-in for sheeprl's `TwoHotEncodingDistribution` over `critic`'s logits: `distribution(logits,
+    dims=1)` returns a `SheeprlDistribution` of `critic`'s head. For the two places sheeprl's DreamerV3 `train`
+    reads the critic (its values for the actor's returns, its loss against the lambda returns and the target
+    critic's mean); sheeprl's reward model keeps its own distribution.
+
+    Example (the 2024 recipe's critic in sheeprl; `mine` tells the critic's logits from the reward model's):
+        >>> to_critic = sheeprl_distribution(critic)
+        >>> dreamer_v3.TwoHotEncodingDistribution = lambda logits, dims=0: (
+        ...     to_critic(logits, dims) if mine(logits) else TwoHotEncodingDistribution(logits, dims))
+    """
+    _common.check_critic(critic)
+
+    def distribution(logits, dims: int = 1):
+        if dims != 1:
+            raise ValueError(f"dims: got {dims!r}, expected 1 (the buckets are the logits' last axis).")
+        return SheeprlDistribution(logits, critic.return_layer)
+
+    return distribution
 
 
 ADAPTER = HostAdapter(

@@ -78,6 +78,7 @@ def test_sheeprl_driver_runs_both_halves_through_a_resume(tmp_path):
         "--variants",
         "stock",
         "swap",
+        "swap-2024",
         "--seeds",
         "1",
         "--steps",
@@ -98,9 +99,13 @@ def test_sheeprl_driver_runs_both_halves_through_a_resume(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
-    for variant in ("stock", "swap"):
+    for variant in ("stock", "swap", "swap-2024"):
         first, resumed = runs[f"{variant}/1"]
         assert (first["swapped"] is None) == (variant == "stock")
+        # The swaps take the checkpoint's critic on the resume (the 2024 one in its own layout).
+        assert variant == "stock" or (resumed["swapped"].endswith("(resumed)") and "resumed" not in first["swapped"])
+        # The 2024 critic is read through its own distribution at every gradient step.
+        assert (first["critic_reads"] > 0 and resumed["critic_reads"] > 0) == (variant == "swap-2024")
         # The second half resumes from the first's checkpoint: its episodes start past the first half's steps.
         assert first["episodes"] and resumed["episodes"]
         assert max(s for s, _ in first["episodes"]) <= 128 < min(s for s, _ in resumed["episodes"])

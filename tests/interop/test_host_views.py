@@ -188,3 +188,33 @@ def test_views_refuse_an_ensemble_and_another_architecture(host):
     )
     with pytest.raises(ValueError, match="critic: got norm_epsilon=0.5"):
         views(critic)
+
+
+RECIPE_2024 = dict(input_layout="z_h", bin_scheme="symexp", norm="rms", norm_epsilon=1e-4, use_bias=True)
+
+
+def test_sheeprl_views_in_the_critics_own_layout_hold_any_options():
+    import torch
+
+    critic, other = make_critic(RECIPE_2024, seed=1), make_critic(RECIPE_2024, seed=2)
+    fast, ema = sheeprl.sheeprl_modules(critic, layout="multicritic")
+    assert [n for n, _ in fast.named_parameters()] == [n for n, _ in ema.named_parameters()] == critic.view_names()
+    assert all(p.requires_grad for p in fast.parameters()) and not any(p.requires_grad for p in ema.parameters())
+    for mine, theirs in zip((fast, ema), sheeprl.sheeprl_modules(other, layout="multicritic")):
+        mine.load_state_dict(theirs.state_dict())  # a resumed sheeprl checkpoint holds these keys
+    for a, b in zip(critic.weights, other.weights):
+        np.testing.assert_array_equal(to_np(a.value), to_np(b.value), err_msg=a.path)
+    before = [to_np(w.value).copy() for w in critic.ema_weights]
+    with torch.no_grad():  # sheeprl's target update, over the zipped parameters
+        for cp, tcp in zip(fast.parameters(), ema.parameters()):
+            tcp.data.copy_(0.02 * cp.data + 0.98 * tcp.data)
+    for old, fast_w, ema_w in zip(before, critic.fast_weights, critic.ema_weights):
+        np.testing.assert_allclose(to_np(ema_w.value), 0.02 * to_np(fast_w.value) + 0.98 * old, rtol=1e-6, atol=1e-7)
+
+
+def test_sheeprl_views_refuse_other_layouts_and_name_the_way_out():
+    critic = make_critic(RECIPE_2024)
+    with pytest.raises(ValueError, match=r"norm='rms'.*layout='multicritic'"):
+        sheeprl.sheeprl_modules(critic)
+    with pytest.raises(ValueError, match=r"layout: got 'own', expected one of \['sheeprl', 'multicritic'\]"):
+        sheeprl.sheeprl_modules(critic, layout="own")

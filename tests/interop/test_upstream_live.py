@@ -91,6 +91,23 @@ def test_exports_run_in_the_upstream_module(live):
         np.testing.assert_allclose(modules["logits"](use_ema), ours, rtol=1e-5, atol=1e-5)
 
 
+def test_sheeprl_distribution_is_sheeprls_for_the_2023_critic():
+    _require("sheeprl")
+    import torch
+    from sheeprl.utils.distribution import TwoHotEncodingDistribution
+
+    from multicritic.interop import sheeprl
+    from tests.interop.test_sheeprl_distribution import critic_with
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 5, 255, generator=generator) * 3
+    x = torch.randn(4, 5, 1, generator=generator) * torch.tensor([1.0, 1e2, 1e4, 1e6])[:, None, None]
+    theirs = TwoHotEncodingDistribution(logits, dims=1)
+    ours = sheeprl.sheeprl_distribution(critic_with("uniform_symlog"))(logits, dims=1)
+    np.testing.assert_allclose(to_np(ours.mean), to_np(theirs.mean), rtol=1e-5)
+    np.testing.assert_allclose(to_np(ours.log_prob(x)), to_np(theirs.log_prob(x)), rtol=1e-5, atol=1e-4)
+
+
 def test_sheeprl_trains_with_multicritic_as_critic_and_target():
     # A process of its own: TorchRL registers Hydra configs (logger/tensorboard) that break sheeprl's.
     _require("sheeprl")
