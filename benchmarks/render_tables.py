@@ -463,27 +463,43 @@ def _seeds(values) -> str:
     return f"{np.mean(values):.0f} [{min(values):.0f}, {max(values):.0f}]"
 
 
+def _ppo_table(per_run):
+    from benchmarks.agents.plot_curves import ranges_overlap, within_spread
+
+    scales = sorted({s for per_scale in per_run.values() for s in per_scale})
+    lines = [
+        "| task | head | backend | seeds | "
+        + " | ".join(f"x{s:g}" for s in scales)
+        + " | means in ranges | ranges overlap |",
+        "|---|---|---|---:|" + "---:|" * len(scales) + "---|---|",
+    ]
+    for (env, head, backend), per_scale in sorted(per_run.items()):
+        seeds = min(len(v) for v in per_scale.values())
+        cells = " | ".join(_seeds(per_scale[s]) if s in per_scale else "" for s in scales)
+        checks = [("yes" if check(per_scale) else "no") for check in (within_spread, ranges_overlap)]
+        if len(per_scale) != len(scales):
+            checks = ["n/a", "n/a"]
+        lines.append(f"| {env} | {head} | {backend} | {seeds} | {cells} | {checks[0]} | {checks[1]} |")
+    return lines
+
+
 @table("ppo_scales")
 def ppo_scales(files):
     """PPO's final return (last 10% of the steps) per task, head and backend at each reward scale: mean over
-    seeds [min, max]; "within spread": each scale's mean inside every other scale's seed range."""
-    from benchmarks.agents.plot_curves import ppo_finals, within_spread
+    seeds [min, max]; "means in ranges": each scale's mean inside every other scale's seed range; "ranges
+    overlap": every two scales' seed ranges overlap."""
+    from benchmarks.agents.plot_curves import ppo_finals
 
-    finals = ppo_finals(files[0])
-    scales = sorted({s for per_scale in finals.values() for s in per_scale})
-    lines = [
-        "| task | head | backend | seeds | " + " | ".join(f"x{s:g}" for s in scales) + " | within spread |",
-        "|---|---|---|---:|" + "---:|" * len(scales) + "---|",
-    ]
-    for (env, head, backend), per_scale in sorted(finals.items()):
-        seeds = min(len(v) for v in per_scale.values())
-        cells = " | ".join(_seeds(per_scale[s]) if s in per_scale else "" for s in scales)
-        complete = len(per_scale) == len(scales)
-        lines.append(
-            f"| {env} | {head} | {backend} | {seeds} | {cells} | "
-            f"{('yes' if within_spread(per_scale) else 'no') if complete else 'n/a'} |"
-        )
-    return lines
+    return _ppo_table(ppo_finals(files[0]))
+
+
+@table("ppo_scales_run")
+def ppo_scales_run(files):
+    """As `ppo_scales`, of the mean return over the whole run (20 equal spans of its steps): how fast each
+    scale learned."""
+    from benchmarks.agents.plot_curves import ppo_finals, run_return
+
+    return _ppo_table(ppo_finals(files[0], run_return))
 
 
 @table("sheeprl_dreamer")

@@ -41,12 +41,22 @@ def final_return(episodes, steps, fraction=0.1):
     return float(np.mean(ends)) if ends else float("nan")
 
 
-def ppo_finals(results):
-    """`{(env, head, backend): {scale: [final return per seed]}}` of `ppo_scales.py`'s runs."""
+def run_return(episodes, steps, bins=20):
+    """A run's mean return over the whole run: the mean over `bins` equal spans of its steps of the returns
+    ending there (an area under the learning curve: how fast it learned, where the final return only says
+    where it ended)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(binned(episodes, steps, bins)[1]))
+
+
+def ppo_finals(results, summary=final_return):
+    """`{(env, head, backend): {scale: [summary per seed]}}` of `ppo_scales.py`'s runs, `summary(episodes,
+    steps)` being `final_return` or `run_return`."""
     out = {}
     for run in results["runs"].values():
         key = (run["env"], run["head"], run["backend"])
-        out.setdefault(key, {}).setdefault(run["reward_scale"], []).append(final_return(run["episodes"], run["steps"]))
+        out.setdefault(key, {}).setdefault(run["reward_scale"], []).append(summary(run["episodes"], run["steps"]))
     return out
 
 
@@ -54,6 +64,12 @@ def within_spread(per_scale):
     """Whether each scale's mean final return lies within every other scale's seed range (min to max)."""
     means = {s: np.mean(v) for s, v in per_scale.items()}
     return all(min(per_scale[o]) <= means[s] <= max(per_scale[o]) for s in per_scale for o in per_scale)
+
+
+def ranges_overlap(per_scale):
+    """Whether every two scales' seed ranges (min to max) overlap: the looser reading of "within each other's
+    spread", which stays meaningful where seeds tie at a task's ceiling (a range of one point)."""
+    return all(min(per_scale[a]) <= max(per_scale[b]) for a in per_scale for b in per_scale)
 
 
 def sheeprl_curves(results, bins=16):

@@ -136,3 +136,23 @@ def test_final_returns_and_the_spread_check():
     assert not within_spread({1.0: [100.0, 200.0], 1e3: [290.0, 310.0]})
     # One direction failing is enough: 165 in [100, 200], but 150 not in [160, 170].
     assert not within_spread({1.0: [100.0, 200.0], 1e3: [160.0, 170.0]})
+
+
+def test_run_returns_and_the_overlap_check():
+    from benchmarks.agents.plot_curves import ppo_finals, ranges_overlap, run_return, within_spread
+
+    # Two equal spans of 100 steps: returns 10 and 30 end in the first (mean 20), 60 in the second.
+    assert run_return([[10, 10.0], [100, 30.0], [150, 60.0]], 200, bins=2) == 40.0
+    # A span where no episode ended is left out, not counted as 0.
+    assert run_return([[10, 10.0]], 200, bins=2) == 10.0
+    run = {"env": "E", "head": "h", "backend": "b", "steps": 200, "reward_scale": 1.0}
+    results = {"runs": {"a": dict(run, episodes=[[10, 10.0], [150, 60.0]])}}
+    assert ppo_finals(results, lambda episodes, steps: run_return(episodes, steps, bins=2)) == {
+        ("E", "h", "b"): {1.0: [35.0]}
+    }
+    # Seeds tied at a ceiling: [499, 499] holds no other mean, yet the ranges overlap.
+    tied = {1.0: [499.0, 499.0, 499.0], 1e6: [474.0, 499.0, 499.0]}
+    assert not within_spread(tied) and ranges_overlap(tied)
+    assert not ranges_overlap({1.0: [100.0, 200.0], 1e3: [201.0, 310.0]})
+    assert ranges_overlap({1.0: [100.0, 200.0], 1e3: [200.0, 310.0], 1e6: [150.0, 205.0]})
+    assert not ranges_overlap({1.0: [100.0, 200.0], 1e3: [200.0, 310.0], 1e6: [150.0, 160.0]})
