@@ -15,8 +15,12 @@ pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="graph replays and co
 H, B = 5, 8
 
 
-def train(while_other_thread_traces: bool):
-    critic = CriticNetwork(model_size="nano")
+# The reference critic, and the new parts together (their own replays and compiled steps).
+PARTS = {"reference": {}, "quantile-on-residual": {"head": "quantile", "trunk": "residual"}}
+
+
+def train(while_other_thread_traces: bool, parts=None):
+    critic = CriticNetwork(model_size="nano", **(parts or {}))
     randomize(critic, seed=0)
     trainer = CriticTrainer(critic, learning_rate=1e-3)
     rng = np.random.default_rng(0)
@@ -55,7 +59,8 @@ def train(while_other_thread_traces: bool):
     return [v.numpy().copy() for v in critic.weights]
 
 
-def test_tracing_in_another_thread_leaves_training_bit_identical():
-    alone, beside = train(False), train(True)
+@pytest.mark.parametrize("parts", sorted(PARTS))
+def test_tracing_in_another_thread_leaves_training_bit_identical(parts):
+    alone, beside = train(False, PARTS[parts]), train(True, PARTS[parts])
     for a, b in zip(alone, beside):
         np.testing.assert_array_equal(a, b)
