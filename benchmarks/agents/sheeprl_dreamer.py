@@ -132,7 +132,9 @@ def _swap(variant: str) -> None:
 
 
 def _recipe_critic(cfg, sizes):
-    """The 2024 recipe's critic at sheeprl's critic sizes, its initial weights from sheeprl's seed."""
+    """The 2024 recipe's critic at sheeprl's critic sizes, its initial weights from sheeprl's seed (through
+    `keras.utils.set_random_seed`, which also reseeds torch's generator: this variant's random stream is its
+    own, the same for every run of a seed)."""
     import keras
 
     from multicritic import CriticNetwork, presets
