@@ -106,6 +106,10 @@ def plot_sheeprl(results, path):
     fig.savefig(path, dpi=110)
 
 
+# A line style per backend of the grid (five agents), dashes as matplotlib takes them.
+LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+
+
 def plot_ppo(results, path, bins=20):
     import matplotlib
 
@@ -115,11 +119,16 @@ def plot_ppo(results, path, bins=20):
     runs = results["runs"].values()
     envs = sorted({r["env"] for r in runs})
     heads = sorted({r["head"] for r in runs})
-    styles = dict(zip(sorted({r["backend"] for r in runs}), ("-", "--", ":", "-.")))
-    fig, axes = plt.subplots(len(envs), len(heads), figsize=(4.5 * len(heads), 3.2 * len(envs)), squeeze=False)
+    backends = sorted({r["backend"] for r in runs})
+    if len(backends) > len(LINE_STYLES):
+        raise ValueError(f"results: got {len(backends)} backends, expected at most {len(LINE_STYLES)} (line styles)")
+    styles = dict(zip(backends, LINE_STYLES))
+    scales = sorted({r["reward_scale"] for r in runs})
+    height = 3.2 * len(envs) + 0.6  # 0.6 inch for the legend
+    fig, axes = plt.subplots(len(envs), len(heads), figsize=(max(4.5 * len(heads), 6.0), height), squeeze=False)
     for (i, env), (j, head) in ((a, b) for a in enumerate(envs) for b in enumerate(heads)):
         ax = axes[i][j]
-        for scale in sorted({r["reward_scale"] for r in runs}):
+        for k, scale in enumerate(scales):
             for backend, style in styles.items():
                 chosen = [
                     r
@@ -132,14 +141,17 @@ def plot_ppo(results, path, bins=20):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     x, mean = curves[0][0], np.nanmean([c for _, c in curves], 0)
-                ax.plot(
-                    x, mean, style, color=f"C{int(np.log10(scale)) // 3}", label=f"x{scale:g} {backend} ({len(chosen)})"
-                )
+                ax.plot(x, mean, linestyle=style, color=f"C{k}")
         ax.set_title(f"{env}, {head}")
         ax.set_xlabel("environment steps")
         ax.set_ylabel("return")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+    # One legend for the figure: colour is the reward scale, line style the backend (the seeds: the tables).
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=f"C{k}", label=f"x{s:g}") for k, s in enumerate(scales)]
+    handles += [Line2D([], [], color="k", linestyle=styles[b], label=b) for b in backends]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.65 / height, 1, 1))
     fig.savefig(path, dpi=110)
 
 
