@@ -9,7 +9,7 @@ resume. Variants, same config and seeds:
 - `stock`: sheeprl's critic and target critic;
 - `swap`: the README's swap (`sheeprl_critic` + `sheeprl_modules`, 2023
   options, sheeprl's own loss, optimizer and target update on the views).
-- `swap-2024`: the swap with the 2024 recipe's critic (`RECIPE_2024`: symexp
+- `swap-2024`: the swap with the 2024 recipe's critic (`RECIPE_2024_KEYS`: symexp
   buckets decoded in real space, RMS norm, biases, fan-in truncated-normal
   initialisers, zero-initialised output), views in the critic's own layout,
   and sheeprl's distribution replaced by `sheeprl_distribution` where `train`

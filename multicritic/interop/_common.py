@@ -276,9 +276,14 @@ def build(
 def view_layouts(critic, layout: List[Entry]):
     """`(fast, ema)` layouts for `critic.fast_module(layout=...)` / `ema_module(layout=...)`: `[(upstream key,
     variable, transpose), ...]`. A single critic only: a host's critic is one member of an ensemble."""
+    check_single(critic)
+    return [(k, fast, t) for k, fast, _, t in layout], [(k, ema, t) for k, _, ema, t in layout]
+
+
+def check_single(critic) -> None:
+    """A `ValueError` naming `critic` when it is an ensemble: a host's module views hold a single critic."""
     if critic.ensemble_size != 1:
         raise ValueError(
             f"critic: got an ensemble of {critic.ensemble_size}; a host's module views hold a single "
             "critic (ensemble_size=1). Export one member instead (`member=`)."
         )
-    return [(k, fast, t) for k, fast, _, t in layout], [(k, ema, t) for k, _, ema, t in layout]

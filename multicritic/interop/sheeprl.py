@@ -147,7 +147,7 @@ def sheeprl_modules(critic, outputs: str = "logits", layout: str = "sheeprl"):
         raise ValueError(f"layout: got {layout!r}, expected one of {list(LAYOUTS)}.")
     if layout == "multicritic":
         _common.check_critic(critic)
-        _common.view_layouts(critic, [])
+        _common.check_single(critic)
         return critic.fast_module(outputs=outputs), critic.ema_module(outputs=outputs)
     try:
         layout_entries = _layout(critic)
