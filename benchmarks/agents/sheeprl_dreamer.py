@@ -137,7 +137,8 @@ def _recipe_critic(cfg, sizes):
     own, the same for every run of a seed)."""
     import keras
 
-    from multicritic import CriticNetwork, presets
+    from multicritic import CriticNetwork
+    from multicritic.training import presets
 
     recipe = presets.options("dreamerv3-2024")["critic"]
     keras.utils.set_random_seed(cfg.seed)
