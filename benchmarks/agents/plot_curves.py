@@ -50,6 +50,17 @@ def run_return(episodes, steps, bins=20):
         return float(np.nanmean(binned(episodes, steps, bins)[1]))
 
 
+def learned(episodes, steps, fraction=0.1, by=0.1):
+    """Whether a run left its start: its final return beats the mean return of the episodes ending in its first
+    `fraction` of steps by more than `by` of that return's size. Acrobot's runs that never reach the goal end
+    where they began, on the floor of -500, and this tells them from the runs that learned."""
+    first = [r for at, r in episodes if at <= fraction * steps]
+    if not first:
+        return False
+    start = float(np.mean(first))
+    return bool(final_return(episodes, steps, fraction) > start + by * abs(start))
+
+
 def ppo_finals(results, summary=final_return):
     """`{(env, head, backend): {scale: [summary per seed]}}` of `ppo_scales.py`'s runs, `summary(episodes,
     steps)` being `final_return` or `run_return`."""

@@ -156,3 +156,18 @@ def test_run_returns_and_the_overlap_check():
     assert not ranges_overlap({1.0: [100.0, 200.0], 1e3: [201.0, 310.0]})
     assert ranges_overlap({1.0: [100.0, 200.0], 1e3: [200.0, 310.0], 1e6: [150.0, 205.0]})
     assert not ranges_overlap({1.0: [100.0, 200.0], 1e3: [200.0, 310.0], 1e6: [150.0, 160.0]})
+
+
+def test_a_run_learned_when_its_final_return_beats_its_start():
+    from benchmarks.agents.plot_curves import learned
+
+    floor = [[at, -499.0] for at in range(500, 50_001, 500)]
+    assert not learned(floor, 50_000)
+    # The first 10% (steps up to 5,000) averages -499; the last 10% -90: learned.
+    assert learned(floor[:60] + [[at, -90.0] for at in range(30_500, 50_001, 500)], 50_000)
+    # 10% better than the start is the line: -450 is not past it (-449.1), -440 is.
+    assert not learned(floor[:90] + [[at, -450.0] for at in range(45_500, 50_001, 500)], 50_000)
+    assert learned(floor[:90] + [[at, -440.0] for at in range(45_500, 50_001, 500)], 50_000)
+    # CartPole-like: 20 at the start, 499 at the end.
+    assert learned([[100, 20.0], [90_000, 499.0], [99_000, 499.0]], 100_000)
+    assert not learned([[90_000, 499.0]], 100_000)  # no episode in the first 10%: no start to beat
