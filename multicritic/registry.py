@@ -159,6 +159,12 @@ class Registry(Mapping):
                 )
             cls = self[self.checked_name(part.get("class_name"))]
             options = dict(part.get("config", {}))
+            for key in sorted(set(options) & set(self.shared) & set(shared)):
+                if options.pop(key) != shared[key]:
+                    raise ValueError(
+                        f"{self.kind}: got a spec whose config has {key}={part['config'][key]!r}, while the critic "
+                        f"has {key}={shared[key]!r}; give {key} to the critic (it is shared by its parts)."
+                    )
             with _python_random_kept():
                 cls(**options, **shared)  # checks the options now, each naming itself
             return cls, options

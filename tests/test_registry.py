@@ -79,6 +79,21 @@ def test_part_is_held_by_name_or_instance_and_its_options_travel_in_the_config(k
     np.testing.assert_allclose(to_np(critic.decode(logits)), to_np(value), rtol=1e-6, atol=1e-6)
 
 
+def test_a_shared_option_of_a_head_is_the_critics():
+    """The support belongs to the critic: a head given with one (as an instance or a spec) is the critic's head
+    where it agrees, and a `ValueError` naming the option before anything is built where it does not."""
+    symexp = critic_with("head", "two_hot", bin_scheme="symexp")
+    for head in (HEADS["two_hot"](bin_scheme="symexp"), {"class_name": "two_hot", "config": {"bin_scheme": "symexp"}}):
+        again = critic_with("head", head, bin_scheme="symexp")
+        assert again.get_config() == symexp.get_config() | {"name": again.name}
+        with pytest.raises(
+            ValueError, match=r"bin_scheme='symexp'.*critic has bin_scheme='uniform_symlog'.*give bin_sch"
+        ):
+            critic_with("head", head)
+    with pytest.raises(ValueError, match=r"config has num_buckets=41, while the critic has num_buckets=255"):
+        critic_with("head", {"class_name": "hl_gauss", "config": {"num_buckets": 41, "sigma": 0.75}})
+
+
 @pytest.mark.parametrize("kind, name", PARTS, ids=IDS)
 def test_part_round_trips_through_weight_files_and_keras_archives(kind, name, tmp_path):
     critic = critic_with(kind, name)

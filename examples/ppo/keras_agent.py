@@ -36,6 +36,7 @@ import numpy as np
 from keras import ops
 
 from multicritic import CriticNetwork, CriticTrainer, inverse_symlog
+from multicritic.heads import SUPPORT
 
 # One set of hyperparameters for every task, scale and head: CleanRL's PPO for classic control, but the
 # critic's learning rate 4x the actor's. A two-hot critic starts from uniform bucket probabilities and decodes
@@ -100,16 +101,22 @@ CRITIC_OPTIONS = {}
 
 
 def value_network(obs_size, head, units):
-    """The built critic for `obs_size` observations: `h` is the observation, `z` one constant class."""
+    """The built critic for `obs_size` observations: `h` is the observation, `z` one constant class. The value
+    support a head is given on the command line with (`two_hot:bin_scheme='symexp'`) is the critic's."""
+    spec = head_spec(head)
+    support = {}
+    if isinstance(spec, dict):
+        support = {key: spec["config"].pop(key) for key in SUPPORT if key in spec["config"]}
     critic = CriticNetwork(
         **CRITIC_OPTIONS,
+        **support,
         model_size=None,
         gru_units=obs_size,
         num_z_categoricals=1,
         num_z_classes=1,
         num_dense_layers=2,
         dense_hidden_units=units,
-        head=head_spec(head),
+        head=spec,
     )
     critic(np.zeros((1, obs_size), "float32"), np.ones((1, 1, 1), "float32"))
     return critic
