@@ -146,8 +146,9 @@ class Registry(Mapping):
 
         The shared options are the critic's (`shared`). An instance's shared
         options must be its class's defaults (then the critic's apply) or the
-        critic's own: anything else is a `ValueError` naming the option, as
-        the critic cannot hold two supports or two sizes at once.
+        critic's own, and a spec's config may name only the critic's own:
+        anything else is a `ValueError` naming the option, as the critic
+        cannot hold two supports or two sizes at once.
         """
         if isinstance(part, str):
             return self[self.checked_name(part)], {}
@@ -161,10 +162,7 @@ class Registry(Mapping):
             options = dict(part.get("config", {}))
             for key in sorted(set(options) & set(self.shared) & set(shared)):
                 if options.pop(key) != shared[key]:
-                    raise ValueError(
-                        f"{self.kind}: got a spec whose config has {key}={part['config'][key]!r}, while the critic "
-                        f"has {key}={shared[key]!r}; give {key} to the critic (it is shared by its parts)."
-                    )
+                    raise self._not_the_critics("a spec whose config has", key, part["config"][key], shared[key])
             with _python_random_kept():
                 cls(**options, **shared)  # checks the options now, each naming itself
             return cls, options
@@ -175,11 +173,15 @@ class Registry(Mapping):
             wanted = cls(**options, **shared).get_config()
         for key in self.shared:
             if given.get(key) != default.get(key) and given.get(key) != wanted.get(key):
-                raise ValueError(
-                    f"{self.kind}: got a {cls.__name__} with {key}={given.get(key)!r}, while the critic has "
-                    f"{key}={wanted.get(key)!r}; give {key} to the critic (it is shared by its parts)."
-                )
+                raise self._not_the_critics(f"a {cls.__name__} with", key, given.get(key), wanted.get(key))
         return cls, options
+
+    def _not_the_critics(self, what: str, key: str, got, critic) -> ValueError:
+        """The error for a part given a shared option other than the critic's, `what` saying how it was given."""
+        return ValueError(
+            f"{self.kind}: got {what} {key}={got!r}, while the critic has {key}={critic!r}; give {key} to the "
+            "critic (it is shared by its parts)."
+        )
 
     def canonical(self, part, shared: Mapping[str, Any]) -> Dict[str, Any]:
         """The spec the critic would store for `part` (a name, a spec or an instance)."""
