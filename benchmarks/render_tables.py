@@ -507,20 +507,23 @@ def ppo_scales_learned(files):
     """Per task, head, backend and reward scale: how many seeds learned (`plot_curves.learned`: the final return
     beats the first 10%'s) and the final return of those, mean [min, max]; "ranges overlap" as in `ppo_scales`,
     over the seeds that learned."""
-    from benchmarks.agents.plot_curves import learned, ppo_finals, ranges_overlap
+    from benchmarks.agents.plot_curves import final_return, learned, ppo_finals, ranges_overlap
 
-    finals, flags = ppo_finals(files[0]), ppo_finals(files[0], learned)
-    scales = sorted({s for per_scale in finals.values() for s in per_scale})
+    # Each run's final return and whether it learned, in one pass: the pairs stay together.
+    runs = ppo_finals(files[0], lambda episodes, steps: (final_return(episodes, steps), learned(episodes, steps)))
+    scales = sorted({s for per_scale in runs.values() for s in per_scale})
     lines = [
         "| task | head | backend | " + " | ".join(f"x{s:g}" for s in scales) + " | ranges overlap |",
         "|---|---|---|" + "---:|" * len(scales) + "---|",
     ]
-    for key, per_scale in sorted(finals.items()):
-        kept = {s: [f for f, ok in zip(v, flags[key][s]) if ok] for s, v in per_scale.items()}
-        cells = [
-            f"{len(kept[s])}/{len(per_scale[s])}" + (f": {_seeds(kept[s])}" if kept[s] else "") if s in kept else ""
-            for s in scales
-        ]
+    for key, per_scale in sorted(runs.items()):
+        kept = {s: [final for final, ok in pairs if ok] for s, pairs in per_scale.items()}
+        cells = []
+        for s in scales:
+            if s not in kept:
+                cells.append("")
+                continue
+            cells.append(f"{len(kept[s])}/{len(per_scale[s])}" + (f": {_seeds(kept[s])}" if kept[s] else ""))
         check = "yes" if ranges_overlap(kept) else "no"
         if len(kept) != len(scales) or not all(kept.values()):
             check = "n/a"
