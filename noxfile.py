@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
+import socket
+import urllib.parse
 
 import nox
 import yaml
@@ -32,6 +35,30 @@ def _flat(items):
             yield from _flat(item)
         else:
             yield item
+
+
+def _reachable(url: str, timeout: float = 5.0) -> bool:
+    """Whether a connection to `url`'s host opens within `timeout` seconds."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _install_from_their_indexes(s: nox.Session, packages) -> None:
+    """Installs each of `packages` that `package_indexes` names from that index (the pin, nothing else), where
+    the index can be reached; the session's install that follows then finds it satisfied."""
+    for requirement in packages:
+        name = re.split(r"[\[<>=!~ ;]", str(requirement), maxsplit=1)[0].lower()
+        url = MATRIX.get("package_indexes", {}).get(name)
+        if url is None:
+            continue
+        if _reachable(url):
+            s.install(requirement, "--index-url", url)
+        else:
+            s.warn(f"{url} cannot be reached: {requirement} is taken from this machine's package indexes instead.")
 
 
 def _make_session(name: str, spec: dict):
@@ -57,6 +84,7 @@ def _make_session(name: str, spec: dict):
                     env=env,
                 )
             return
+        _install_from_their_indexes(s, _flat(spec["packages"]))
         s.install(*_flat(common.get("packages", [])), *_flat(spec["packages"]))
         s.install("-e", ".[test]")
         # Fail early if Keras does not really run on this session's backend.

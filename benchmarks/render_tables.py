@@ -723,22 +723,6 @@ def hosts(files):
     return lines
 
 
-@table("parts", files=False)
-def parts(files):
-    """The registered heads and trunks, with their own options' defaults."""
-    from multicritic.heads import HEADS
-    from multicritic.trunks import TRUNKS
-
-    lines = ["| kind | name | class | own options (defaults) |", "|---|---|---|---|"]
-    for kind, registry in (("head", HEADS), ("trunk", TRUNKS)):
-        for name in registry:
-            cls = registry[name]
-            own = registry.own_options(cls())
-            options = ", ".join(f"`{k}={v!r}`" for k, v in own.items()) or "none"
-            lines.append(f"| {kind} | `{name}` | `{registry.path(name)}` | {options} |")
-    return lines
-
-
 # ---------------------------------------------------------------- pages
 
 

@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Tuple
 
-# Keys of every Keras layer's config, and the ensemble size the critic sets: neither is a part's own option.
-LAYER_KEYS = ("name", "trainable", "dtype", "members")
+# Keys of every Keras layer's config (Keras's, not the layer's options).
+KERAS_KEYS = ("name", "trainable", "dtype")
+# Those, and the ensemble size the critic sets: neither is a part's own option.
+LAYER_KEYS = KERAS_KEYS + ("members",)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,11 @@ class Registry(Mapping):
         """Where `name`'s part is defined, `"module.Class"` (the name it is declared under)."""
         return self._declared[self.checked_name(name)].path.replace(":", ".")
 
+    def modules(self) -> Dict[str, str]:
+        """`{class name: module}` of every registered part (what the kind's package exports, imported on first
+        use)."""
+        return {d.path.partition(":")[2]: d.path.partition(":")[0] for d in self._declared.values()}
+
     def traits(self, name: str) -> Dict[str, Any]:
         """The keras-free traits registered with `name`."""
         return dict(self._declared[self.checked_name(name)].traits)
@@ -117,7 +124,8 @@ class Registry(Mapping):
         """`name` if registered, else a `ValueError` naming this registry's argument."""
         if not isinstance(name, str) or name not in self._declared:
             raise ValueError(
-                f"{self.kind}: got {name!r}, expected one of {list(self)} or a configured instance of one of them."
+                f"{self.kind}: got {name!r}, expected one of {list(self)}, a registered class or a configured "
+                "instance of one."
             )
         return name
 
@@ -142,7 +150,7 @@ class Registry(Mapping):
         return {"class_name": self.name_of(part), "config": self.own_options(part)}
 
     def resolve(self, part, shared: Mapping[str, Any]) -> Tuple[type, Dict[str, Any]]:
-        """`(class, own options)` of a part given as a name, a spec or an instance.
+        """`(class, own options)` of a part given as a name, a registered class, a spec or an instance.
 
         The shared options are the critic's (`shared`). An instance's shared
         options must be its class's defaults (then the critic's apply) or the
@@ -152,6 +160,8 @@ class Registry(Mapping):
         """
         if isinstance(part, str):
             return self[self.checked_name(part)], {}
+        if isinstance(part, type):  # a registered class, as its name: built with the critic's shared options
+            return self[self.name_of(part)], {}
         if isinstance(part, Mapping):
             if set(part) - {"class_name", "config"} or not isinstance(part.get("config", {}), Mapping):
                 raise ValueError(

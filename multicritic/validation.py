@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import json
 import math
 from typing import Dict, Optional, Tuple
 
 import keras
 import numpy as np
 from keras import ops
+
+from multicritic.registry import KERAS_KEYS
 
 
 class FixedOptionError(AttributeError, ValueError):
@@ -18,20 +22,39 @@ class FixedOptionError(AttributeError, ValueError):
 
 
 class FixedOptions:
-    """Makes the attributes named in `fixed_options` read-only once `fix_options()` has run (a mixin, first
-    among the bases): assigning one raises `FixedOptionError`, with `fixed_option_hint(name)` saying what to do
-    instead."""
+    """Makes an object's options read-only once its constructor has returned (a mixin, first among the bases).
+
+    An object's options are its constructor's arguments, kept as attributes of the same names (as a Keras
+    layer's are, and its `get_config` stores): the keyword arguments of every `__init__` of its class and
+    bases, plus any named in `fixed_options` (for options taken as `**kwargs`), so a new part is fixed with no
+    list to keep. Each must be what a config can hold (JSON, or a Keras object whose config is), else the
+    constructor raises a `ValueError` naming it. Assigning an option raises `FixedOptionError`, with
+    `fixed_option_hint(name)` saying what to do instead.
+
+    The options are fixed when the outermost constructor returns (a subclass sets its own after its base's
+    constructor): every subclass's `__init__` calls `fix_options()` on the way out.
+    """
 
     fixed_options: Tuple[str, ...] = ()
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "_fixes_options", False):
+            cls.__init__ = _fixing_options(init)
+
     def fixed_option_hint(self, name: str) -> str:
-        return f"build a new {type(self).__name__} with {name}=..."
+        return f"build a new {type(self).__name__} with {name}=... (and a new critic with it)"
 
     def fix_options(self) -> None:
-        self.__dict__["_options_fixed"] = True
+        names = [n for n in _constructor_options(type(self)) if hasattr(self, n)]
+        if isinstance(self, keras.layers.Layer):  # its options travel in its config
+            for name in names:
+                _check_serialisable(type(self).__name__, name, getattr(self, name))
+        self.__dict__["_fixed_names"] = frozenset(names)
 
     def __setattr__(self, name, value):
-        if name in self.fixed_options and self.__dict__.get("_options_fixed", False):
+        if name in self.__dict__.get("_fixed_names", ()):
             kind = type(self).__name__
             raise FixedOptionError(
                 f"{name}: got an assignment of {value!r} to {kind}.{name}, expected none: the option is fixed when "
@@ -39,6 +62,68 @@ class FixedOptions:
                 f"{self.fixed_option_hint(name)}."
             )
         super().__setattr__(name, value)
+
+
+# Arguments of a Keras layer's constructor that are Keras's, not the layer's options.
+_NOT_OPTIONS = frozenset(KERAS_KEYS)
+
+
+@functools.lru_cache(maxsize=None)
+def _constructor_options(cls) -> Tuple[str, ...]:
+    """The keyword arguments of the constructors of `cls` and its `FixedOptions` bases, and their
+    `fixed_options`, in that order (each once)."""
+    names = []
+    for klass in reversed(cls.__mro__):
+        if not (isinstance(klass, type) and issubclass(klass, FixedOptions)) or klass is FixedOptions:
+            continue
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            for param in inspect.signature(init).parameters.values():
+                if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and param.name != "self":
+                    names.append(param.name)
+        names += list(klass.__dict__.get("fixed_options", ()))
+    return tuple(dict.fromkeys(n for n in names if n not in _NOT_OPTIONS))
+
+
+def _check_serialisable(kind: str, name: str, value) -> None:
+    """A `ValueError` naming option `name` unless its value is what a config holds: JSON, or a Keras object
+    (an initializer) whose config is. (Not Keras's `serialize_keras_object`, which imports TensorFlow.)"""
+    if isinstance(value, keras.layers.Layer):
+        return  # a configured part: saved by its own config
+    plain = value.get_config() if hasattr(value, "get_config") and not isinstance(value, type) else value
+    if not _is_plain(plain):
+        raise ValueError(
+            f"{name}: got {value!r}, expected a value a config can hold (a {kind}'s options travel in its config: "
+            "a name, a number, a string, or a Keras object with a config)."
+        )
+
+
+def _is_plain(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=True)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _fixing_options(init):
+    """`init`, which fixes the options when it is the outermost constructor call on the object."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        depth = self.__dict__.get("_init_depth", 0)
+        self.__dict__["_init_depth"] = depth + 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            self.__dict__["_init_depth"] = depth
+        if depth == 0:
+            self.fix_options()
+
+    # Keras reads a layer's constructor arguments with `inspect.getfullargspec`, which ignores `__wrapped__`.
+    __init__.__signature__ = inspect.signature(init)
+    __init__._fixes_options = True
+    return __init__
 
 
 @functools.lru_cache(maxsize=None)

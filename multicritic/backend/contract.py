@@ -26,7 +26,7 @@ import keras
 import numpy as np
 from keras import ops
 
-SUPPORTED = ("tensorflow", "torch", "jax")
+from multicritic.backend.selection import SUPPORTED
 
 # What Keras's `Model.export` produces from each backend with a dynamic batch (plain data: readable without
 # importing the backend's framework).

@@ -25,6 +25,8 @@ import sys
 from typing import List, Optional, Tuple
 
 SUPPORTED = ("tensorflow", "torch", "jax")
+# Keras 3's backends: the names `import keras` accepts (others end in its bare "Unable to import backend").
+KERAS_BACKENDS = ("tensorflow", "torch", "jax", "numpy", "openvino")
 PREFERENCE = ("jax", "torch", "tensorflow")  # when Keras's configured backend is missing
 
 
@@ -128,12 +130,29 @@ def missing_backend_message(name: str) -> Optional[str]:
     return None
 
 
+# The frameworks' own short names, for the hint.
+_SHORT_NAMES = {"tf": "tensorflow", "pt": "torch", "pytorch": "torch"}
+
+
+def unknown_backend_message(name: str) -> str:
+    """One line for a KERAS_BACKEND that no Keras backend has, with the supported name it is closest to."""
+    import difflib
+
+    close = [_SHORT_NAMES[name.lower()]] if name.lower() in _SHORT_NAMES else []
+    close = close or difflib.get_close_matches(name.lower(), SUPPORTED, n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"KERAS_BACKEND: got {name!r}, expected 'tensorflow', 'torch' or 'jax'{hint}."
+
+
 def select() -> None:
     """Sets KERAS_BACKEND to an installed backend when none is configured (see the module's docstring), and
-    refuses in one line a backend that is not installed (Keras's own error is a traceback of its imports)."""
+    refuses in one line a KERAS_BACKEND that is no Keras backend (a `ValueError`) or is not installed (a
+    `ModuleNotFoundError`): Keras's own errors are a traceback of its imports."""
     if "keras" in sys.modules:
         return
     if os.environ.get("KERAS_BACKEND"):
+        if os.environ["KERAS_BACKEND"] not in KERAS_BACKENDS:
+            raise ValueError(unknown_backend_message(os.environ["KERAS_BACKEND"]))
         message = missing_backend_message(os.environ["KERAS_BACKEND"])
         if message:
             raise ModuleNotFoundError(message)

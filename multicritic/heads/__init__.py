@@ -20,25 +20,20 @@ HEADS = Registry(
     },
     shared=SUPPORT,
 )
-"""The value heads by the name `CriticNetwork(head=...)` takes: `two_hot` (the reference), `hl_gauss`, `mse`,
-`quantile`."""
+"""The value heads by the name `CriticNetwork(head=...)` takes (`two_hot` is the reference's); the docs' Parts
+page lists them with their options."""
 
-_EXPORTS = {
-    "ValueHead": "multicritic.heads.base",
-    "TwoHotHead": "multicritic.heads.two_hot",
-    "RewardPredictorLayer": "multicritic.heads.two_hot",
-    "HLGaussHead": "multicritic.heads.hl_gauss",
-    "MSEHead": "multicritic.heads.mse",
-    "QuantileHead": "multicritic.heads.quantile",
-}
+# What the package exports besides the registered heads' classes: their base and the reference's old name.
+_EXTRA_EXPORTS = {"ValueHead": "multicritic.heads.base", "RewardPredictorLayer": "multicritic.heads.two_hot"}
 
 
 def __getattr__(name):
     # The classes load with Keras, on first use: `HEADS`'s names are read before Keras is imported.
-    if name in _EXPORTS:
+    module = {**HEADS.modules(), **_EXTRA_EXPORTS}.get(name)
+    if module is not None:
         import importlib
 
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'multicritic.heads' has no attribute {name!r}")
 
 
@@ -56,4 +51,4 @@ def legacy_spec(head, hl_gauss_sigma=None):
     return {"class_name": head, "config": options}
 
 
-__all__ = ["HEADS", "SUPPORT", "get", "legacy_spec", *_EXPORTS]
+__all__ = ["HEADS", "SUPPORT", "get", "legacy_spec", *_EXTRA_EXPORTS, *HEADS.modules()]

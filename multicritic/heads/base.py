@@ -13,10 +13,10 @@ from multicritic.math.bins import bucket_range, bucket_values, check_bin_args, e
 from multicritic.heads import HEADS
 from multicritic.layers.mlp import dense_layer
 from multicritic.layers.dispatch import call_layer
-from multicritic.validation import cast_to, integer
+from multicritic.validation import FixedOptions, cast_to, integer
 
 
-class ValueHead(keras.layers.Layer):
+class ValueHead(FixedOptions, keras.layers.Layer):
     """Base class of the critic's value heads: a zero-initialised linear output, its decode and its loss.
 
     A head maps the trunk's features to `(value_symlog, logits)` and knows the

@@ -16,7 +16,7 @@ from multicritic.layers.initializers import MemberwiseInitializer
 from multicritic.layers.layer_norm import LayerNormalization
 from multicritic.layers.row_scale import row_scale
 from multicritic.model.sizes import get_model_dims
-from multicritic.validation import number
+from multicritic.validation import FixedOptions, number
 
 
 # The first Dense runs on its input times 2^-32, so its output cannot
@@ -125,7 +125,7 @@ def trunk_dims(model_size, num_dense_layers, dense_hidden_units) -> dict:
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
-class MLP(keras.layers.Layer):
+class MLP(FixedOptions, keras.layers.Layer):
     """A stack of `Dense -> LayerNorm -> SiLU` blocks, optionally as an ensemble of stacked members.
 
     Each hidden block is a bias-free `Dense` (the LayerNorm's centre replaces

@@ -30,31 +30,6 @@ from multicritic.validation import FixedOptions, cast_to, compatible, fmt, h_z_p
 
 # What `on_latent` returns: both outputs, or one of them.
 _OUTPUTS = ("both", "logits", "value")
-# The constructor's options, read-only once the critic is built (`FixedOptionError`): the forward passes, the
-# compiled steps and the checkpoints read them. The input sizes are set by `build`.
-FIXED_OPTIONS = (
-    "model_size",
-    "num_buckets",
-    "lower_bound",
-    "upper_bound",
-    "ema_decay",
-    "bin_scheme",
-    "num_dense_layers",
-    "dense_hidden_units",
-    "head",
-    "trunk",
-    "ensemble_size",
-    "aggregation",
-    "aggregation_subset",
-    "norm",
-    "norm_epsilon",
-    "use_bias",
-    "kernel_initializer",
-    "input_layout",
-    "gru_units",
-    "num_z_categoricals",
-    "num_z_classes",
-)
 
 
 class _OnLatent:
@@ -291,9 +266,7 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
                 (None, self.gru_units),
                 (None, self.num_z_categoricals, self.num_z_classes),
             )
-        self.fix_options()
 
-    fixed_options = FIXED_OPTIONS
     # One critic: no reward streams (`multicritic.protocols.CriticLike`).
     stream_names = None
 

@@ -27,18 +27,18 @@ TRUNKS = Registry(
     },
     shared=SHARED,
 )
-"""The trunks by the name `CriticNetwork(trunk=...)` takes: `mlp` (the reference) and `residual`."""
-
-_EXPORTS = {"MLP": "multicritic.layers.mlp", "ResidualTrunk": "multicritic.trunks.residual"}
+"""The trunks by the name `CriticNetwork(trunk=...)` takes (`mlp` is the reference's); the docs' Parts page lists
+them with their options."""
 
 
 def __getattr__(name):
     # The classes load with Keras, on first use: `TRUNKS`'s names are read before Keras is imported.
-    if name in _EXPORTS:
+    module = TRUNKS.modules().get(name)
+    if module is not None:
         import importlib
 
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'multicritic.trunks' has no attribute {name!r}")
 
 
-__all__ = ["SHARED", "TRUNKS", *_EXPORTS]
+__all__ = ["SHARED", "TRUNKS", *TRUNKS.modules()]

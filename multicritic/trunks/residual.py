@@ -10,10 +10,42 @@ from keras import ops
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.layer_norm import LayerNormalization
 from multicritic.layers.mlp import MLP, dense_layer, trunk_dims
+from multicritic.validation import FixedOptions
+
+
+def activation_function(name: str):
+    """The function a Keras activation name, or a name registered with `keras.saving.register_keras_serializable`
+    (`"package>name"`), stands for; `None` for another string."""
+    try:
+        return keras.activations.get(name)
+    except (ValueError, TypeError):
+        return keras.saving.get_registered_object(name)
+
+
+def activation_name(activation) -> str:
+    """The name a Keras activation (a name or a function) is saved under, else a `ValueError` naming
+    `activation`: a trunk's options travel in its config, so a function without a name is refused."""
+    if isinstance(activation, str):
+        name = activation
+    elif callable(activation):
+        # Keras's own activations by their names, else the name it was registered under (a lambda has neither).
+        name = getattr(activation, "__name__", None)
+        if not isinstance(name, str) or activation_function(name) is not activation:
+            name = keras.saving.get_registered_name(activation)
+    else:
+        name = None
+    fn = activation_function(name) if isinstance(name, str) else None
+    if fn is not None and (isinstance(activation, str) or fn is activation):
+        return name
+    raise ValueError(
+        f"activation: got {activation!r}, expected a Keras activation name (such as 'silu' or 'relu') or a "
+        "function Keras saves by name (keras.activations.*, or one registered with "
+        "keras.saving.register_keras_serializable)."
+    )
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
-class ResidualTrunk(keras.layers.Layer):
+class ResidualTrunk(FixedOptions, keras.layers.Layer):
     """A projection block then residual blocks: the critic's `trunk="residual"`.
 
     The input goes through one `Dense -> LayerNorm -> SiLU` block (an `MLP`
@@ -36,8 +68,11 @@ class ResidualTrunk(keras.layers.Layer):
         norm: `"layer"` or `"rms"` (see `MLP`).
         norm_epsilon: the norms' epsilon.
         use_bias: give the Dense layers a bias.
-        activation: the residual branch's activation (a Keras activation
-            name; `"silu"` as DreamerV3, `"relu"` as BRO).
+        activation: the residual branch's activation: a Keras activation
+            name (`"silu"` as DreamerV3, `"relu"` as BRO) or a function Keras
+            knows by a name (`keras.activations.relu`, or one registered with
+            `keras.saving.register_keras_serializable`), kept as that name.
+            Anything else is refused here (it could not be saved).
         **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
 
     Call arguments:
@@ -74,10 +109,8 @@ class ResidualTrunk(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        try:
-            self.activation_fn = keras.activations.get(activation)
-        except (ValueError, TypeError):
-            raise ValueError(f"activation: got {activation!r}, expected a Keras activation name.") from None
+        activation = activation_name(activation)
+        self.activation_fn = activation_function(activation)
         dims = trunk_dims(model_size, num_dense_layers, dense_hidden_units)
         # The projection is an MLP's single block; the size's depth counts the residual blocks.
         self.projection = MLP(

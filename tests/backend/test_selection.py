@@ -184,3 +184,31 @@ def test_a_backend_that_is_not_installed_is_named_in_one_line(monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", "torch")
     with pytest.raises(ModuleNotFoundError, match="needs Keras 3"):
         selection.select()
+
+
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("pytorch", " (did you mean 'torch'?)"),
+        ("tf", " (did you mean 'tensorflow'?)"),
+        ("jaxx", " (did you mean 'jax'?)"),
+        ("mxnet", ""),
+    ],
+)
+def test_issue_62_finding_5_a_keras_backend_keras_does_not_know_is_one_line(fake, name, hint):
+    """`KERAS_BACKEND=pytorch` ended in Keras's bare "Unable to import backend" traceback, naming no valid
+    backend; it is refused like a missing backend, in one line naming the variable and the valid names."""
+    fake(configured="tensorflow", installed=("jax", "torch", "keras"), keras_backend=name)
+    with pytest.raises(ValueError) as info:
+        selection.select()
+    assert str(info.value) == f"KERAS_BACKEND: got {name!r}, expected 'tensorflow', 'torch' or 'jax'{hint}."
+    assert chosen() == name  # nothing changed
+
+
+def test_issue_62_finding_5_import_multicritic_says_it_in_one_line():
+    result = run([sys.executable, "-c", "import multicritic"], env={"KERAS_BACKEND": "pytorch"}, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ValueError: KERAS_BACKEND: got 'pytorch', expected 'tensorflow', 'torch' or 'jax' (did you mean 'torch'?)."
+    )
+    assert "Unable to import backend" not in result.stderr

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from multicritic.cli import main
+from multicritic.heads import HEADS
 from multicritic.cli.check import TOLERANCE
 from multicritic.demo.run import DemoConfig, run_demo
 from tests.conftest import BACKEND
@@ -183,7 +184,7 @@ def test_other_aggregations_run(aggregation):
         (["demo", "--bin-scheme", "log"], "--bin-scheme: got 'log'"),
         (
             ["demo", "--head", "softmax"],
-            "--head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse', 'quantile']",
+            f"--head: got 'softmax', expected one of {list(HEADS)}",
         ),
         (
             ["demo", "--head", "hl_gauss", "--bin-scheme", "symexp"],

@@ -88,7 +88,7 @@ def test_scale_limit_is_where_the_exact_values_leave_the_support():
         ({"learning_rate": math.inf}, "learning_rate: got inf"),
         ({"num_states": 3}, "num_states: got 3, expected an integer >= 4"),
         ({"horizon": 0}, "horizon: got 0"),
-        ({"head": "softmax"}, "head: got 'softmax', expected one of ['two_hot', 'hl_gauss', 'mse', 'quantile']"),
+        ({"head": "softmax"}, f"head: got 'softmax', expected one of {list(heads.HEADS)}"),
         ({"head": None}, "head: got None"),
         (
             {"head": "hl_gauss", "bin_scheme": "symexp"},

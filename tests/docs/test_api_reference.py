@@ -5,11 +5,20 @@ mkdocstrings renders each `::: module` it is given from the docstrings (nothing 
 module is left out of the pages as the package grows.
 """
 
+import importlib.util
 import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 API = ROOT / "docs" / "api"
+
+
+def parts_hook():
+    """The MkDocs hook that renders the registered parts' modules (docs/hooks/parts.py)."""
+    spec = importlib.util.spec_from_file_location("docs_parts_hook", ROOT / "docs" / "hooks" / "parts.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook
 
 
 def public_modules():
@@ -25,7 +34,11 @@ def public_modules():
 
 
 def rendered_modules():
-    return {m for page in API.glob("*.md") for m in re.findall(r"^::: ([\w.]+)", page.read_text(), re.M)}
+    """The modules the pages render: their `::: module` lines, and the registered parts' modules that the parts
+    hook puts at each page's `<!-- parts: api KIND -->`."""
+    hook = parts_hook()
+    pages = [hook.on_page_markdown(page.read_text()) for page in API.glob("*.md")]
+    return {m for page in pages for m in re.findall(r"^::: ([\w.]+)", page, re.M)}
 
 
 def test_every_public_module_has_a_place_in_the_api_reference():

@@ -6,9 +6,13 @@ nothing."""
 import pytest
 
 from multicritic import CriticNetwork, CriticTrainer
-from multicritic.model.critic import FIXED_OPTIONS as CRITIC_OPTIONS
+from multicritic.registry import KERAS_KEYS
 from multicritic.training.step import FIXED_OPTIONS as STEP_OPTIONS
 from multicritic.validation import FixedOptionError
+
+# The critic's options: its constructor's, every key of its config but Keras's (the parts' the same way:
+# tests/test_registry.py).
+CRITIC_OPTIONS = [k for k in CriticNetwork(model_size="nano").get_config() if k not in KERAS_KEYS]
 
 
 @pytest.mark.parametrize("name", STEP_OPTIONS)
@@ -24,6 +28,15 @@ def test_trainer_options_are_read_only(name):
         setattr(trainer, name, 0.5)
     trainer.check_finite = False  # read outside the compiled step, by every path: may change
     assert trainer.check_finite is False
+
+
+def test_the_critics_options_are_its_constructors():
+    import inspect
+
+    constructor = set(inspect.signature(CriticNetwork.__init__).parameters) - {"self", "kwargs"}
+    assert set(CRITIC_OPTIONS) <= constructor and "ema_decay" in CRITIC_OPTIONS and "head" in CRITIC_OPTIONS
+    # hl_gauss_sigma: 0.1.0's spelling of the HL-Gauss head's sigma, kept in the head's options.
+    assert constructor - set(CRITIC_OPTIONS) <= {"hl_gauss_sigma", "name", "dtype"}
 
 
 @pytest.mark.parametrize("name", CRITIC_OPTIONS)
