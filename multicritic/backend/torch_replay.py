@@ -64,13 +64,22 @@ _LOCK = threading.Lock()
 
 def replayable(inputs: Sequence) -> bool:
     """Whether a call on `inputs` may be replayed: concrete tensors, in eager PyTorch, outside any tracer,
-    compiler, exporter (TorchScript's tracer runs the ONNX export) or Keras stateless / symbolic scope (they
-    need the ops themselves to run)."""
+    compiler, exporter (TorchScript's tracer runs the ONNX export), torch.func transform or Keras stateless /
+    symbolic scope (they need the ops themselves to run).
+
+    Under a torch.func transform (`grad`, `vmap`, `jacrev`, `jvp`, `functionalize`, ...) the tensors are
+    wrapped ones of type `torch.Tensor`, and a trace's checks (`torch.equal` against the eager outputs, the
+    unguarded pass's `.item()` row checks) are what a transform cannot run: the eager ops, which every
+    transform takes, give its values."""
     for x in inputs:
         if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
             return False
     return not (
-        torch_step.tracing() or torch._C._get_tracing_state() is not None or in_stateless_scope() or in_symbolic_scope()
+        torch_step.tracing()
+        or torch._C._are_functorch_transforms_active()
+        or torch._C._get_tracing_state() is not None
+        or in_stateless_scope()
+        or in_symbolic_scope()
     )
 
 

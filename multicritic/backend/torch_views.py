@@ -19,7 +19,10 @@ exercise (`tests/backend/test_torch_module_checks.py`):
   (`.double()`, `.half()`, `.to(dtype)`) are refused with a `ValueError`
   before anything changes: the critic's variables keep the dtype its Keras
   dtype policy gives them (run a view under `torch.autocast` for lower
-  precision).
+  precision);
+- under a `torch.func` transform (`grad`, `vmap`, a `stack_module_state`
+  ensemble) a call runs the eager ops, not a replay (`torch_replay.replayable`):
+  the eager path's values, as for any other module.
 """
 
 from __future__ import annotations

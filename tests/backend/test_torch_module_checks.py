@@ -386,3 +386,161 @@ def test_the_one_debug_switch_turns_replays_and_compiled_steps_off(monkeypatch):
     )
     (step,) = trainer._compiled.values()
     assert step.compiled is None and step.eager_steps == 1
+
+
+# torch.func over the views (issue 62 finding 3): `grad`, `vmap` and `stack_module_state` ensembles, on every view
+# kind with every registered head and trunk, and on every host's modules. Under a transform a replay's checks
+# (`torch.equal`, `.item()`) cannot run, so a view takes the eager path; each check below compares with the same
+# transform over the eager path (replays off: bit for bit) and with torch's autograd or a loop of eager calls.
+E = 3  # ensemble members, samples of a per-sample gradient
+
+# name: (module of the critic, its call's (args, kwargs) from (latent, h, z))
+FUNC_VIEWS = {
+    "fast_module": (lambda c: c.fast_module(outputs="both"), lambda lat, h, z: ((lat,), {})),
+    "fast_module(logits)": (lambda c: c.fast_module(), lambda lat, h, z: ((lat,), {})),
+    "fast_module(h, z)": (lambda c: c.fast_module(outputs="value"), lambda lat, h, z: ((h, z), {})),
+    "ema_module": (lambda c: c.ema_module(outputs="both"), lambda lat, h, z: ((lat,), {})),
+    "torch_module": (lambda c: c.torch_module(), lambda lat, h, z: ((h, z), {"return_logits": True})),
+    "torch_module(use_ema)": (
+        lambda c: c.torch_module(),
+        lambda lat, h, z: ((h, z), {"return_logits": True, "use_ema": True}),
+    ),
+    "critic": (lambda c: c, lambda lat, h, z: ((h, z), {})),
+}
+
+
+def _func_cases():
+    from multicritic.heads import HEADS
+    from multicritic.interop import HOSTS
+    from multicritic.trunks import TRUNKS
+
+    cases = [(view, head, trunk) for view in FUNC_VIEWS for head in HEADS for trunk in TRUNKS]
+    hosts = [(host, i) for host in HOSTS if HOSTS[host].modules is not None for i in range(2)]
+    return cases + hosts  # a host's modules: its fast one, then its slow one (or its pair's `use_ema=True`)
+
+
+FUNC_CASES = _func_cases()
+
+
+def make_func_case(case, seed=0):
+    """`(module, args, kwargs)` of a case, on `inputs()`."""
+    lat, h, z = inputs()
+    if len(case) == 3:
+        view, head, trunk = case
+        build, arguments = FUNC_VIEWS[view]
+        module = build(critic_of(seed, head=head, trunk=trunk))
+        args, kwargs = arguments(lat, h, z)
+        return module, args, kwargs
+    from multicritic.interop import HOSTS
+
+    host, i = case
+    made = HOSTS[host].modules(critic_of(seed, **HOSTS[host].options))
+    if isinstance(made, tuple):
+        return made[i], (lat,), {}
+    return made, (h, z), {"return_logits": True, "use_ema": bool(i)}
+
+
+def func_id(case):
+    return "-".join(map(str, case))
+
+
+def loss_of(out):
+    return sum(((t.float() * (i + 1)) ** 2).sum() for i, t in enumerate(leaves(out)))
+
+
+def assert_close(got, want):
+    """Values from torch.func's batching rules or its `grad` against torch's eager calls or autograd: torch takes
+    other kernels for some ops (a batched matmul for a loop of matmuls; `grad` differs from `torch.autograd.grad`
+    in the last bits for a plain `torch.nn` Linear-LayerNorm stack too, measured on torch 2.13), so these agree
+    to float32 rounding, not bit for bit: to 1e-5 of each tensor's largest entry (an entry that sums terms of
+    both signs to near zero carries the rounding of its terms, not its own)."""
+    got, want = leaves(got), leaves(want)
+    assert len(got) == len(want) and got
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * max(float(w.abs().max()), 1.0))
+
+
+@pytest.mark.parametrize("case", FUNC_CASES, ids=func_id)
+def test_torch_func_grad_of_functional_call_equals_eager_autograd(case):
+    """Issue 62 finding 3: `torch.func.grad` over `functional_call` of a view (which crashed in the replay's
+    trace) gives eager autograd's gradients."""
+    module, args, kwargs = make_func_case(case)
+    run(lambda m: m(*args, **kwargs), module, ())  # traced and replayed outside the transform first
+    params = {k: v.detach() for k, v in module.named_parameters()}
+
+    def loss(p):
+        return loss_of(functional_call(module, p, args, kwargs))
+
+    transformed = torch.func.grad_and_value(loss)
+    for _ in range(3):
+        grads, value = transformed(params)
+    assert_equal([value, *grads.values()], eager(lambda: transformed(params)[::-1]))
+    assert_equal(value, eager(lambda: loss(params)))
+
+    def autograd():
+        own = {k: v.clone().requires_grad_() for k, v in params.items()}
+        found = torch.autograd.grad(loss(own), list(own.values()), allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g for g, p in zip(found, own.values())]
+
+    want = eager(autograd)
+    assert_close(list(grads.values()), want)
+    assert any(bool(g.abs().sum() > 0) for g in want)
+
+
+@pytest.mark.parametrize("case", FUNC_CASES, ids=func_id)
+def test_torch_func_vmap_and_per_sample_grads_equal_a_loop_of_eager_calls(case):
+    """Issue 62 finding 3: `torch.func.vmap` over a view's call (which hit the replay's `.item()` under vmap)
+    and per-sample gradients (`vmap(grad(functional_call))`) give what a loop of eager calls gives."""
+    module, args, kwargs = make_func_case(case)
+    g = torch.Generator().manual_seed(1)
+    batched = [a + 0.25 * torch.randn(E, *a.shape, generator=g) for a in args]
+    sample = [a[0] for a in batched]
+    run(lambda m: m(*sample, **kwargs), module, ())  # a sample's signature traced: vmap must not replay it
+    forward = torch.func.vmap(lambda *a: module(*a, **kwargs))
+    for _ in range(3):
+        got = forward(*batched)
+    assert_equal(got, eager(lambda: forward(*batched)))
+    loop = [eager(lambda: module(*[a[i] for a in batched], **kwargs)) for i in range(E)]
+    assert_close(got, [torch.stack(parts) for parts in zip(*map(leaves, loop))])
+
+    params = {k: v.detach() for k, v in module.named_parameters()}
+
+    def loss(p, *a):
+        return loss_of(functional_call(module, p, tuple(x[None] for x in a), kwargs))
+
+    rows = [a[:, 0] for a in batched]  # E samples of one row each
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, *[0] * len(rows)))
+    for _ in range(2):
+        got = per_sample(params, *rows)
+    assert_equal(list(got.values()), eager(lambda: list(per_sample(params, *rows).values())))
+
+    def autograd(i):
+        own = {k: v.clone().requires_grad_() for k, v in params.items()}
+        found = torch.autograd.grad(loss(own, *[r[i] for r in rows]), list(own.values()), allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g for g, p in zip(found, own.values())]
+
+    want = [eager(lambda: autograd(i)) for i in range(E)]
+    assert_close(list(got.values()), [torch.stack(parts) for parts in zip(*want)])
+    assert any(bool(g.abs().sum() > 0) for g in got.values())
+
+
+@pytest.mark.parametrize("case", FUNC_CASES, ids=func_id)
+def test_torch_func_ensemble_of_stacked_copies_equals_each_copys_eager_call(case):
+    """Issue 62 finding 3: an ensemble of a view's copies through `stack_module_state` + `vmap` over
+    `functional_call` gives each copy's eager output."""
+    members = [make_func_case(case, seed=seed) for seed in range(E)]
+    base, args, kwargs = members[0]
+    copies = [module for module, _, _ in members]
+    run(lambda m: m(*args, **kwargs), base, ())
+    params, buffers = torch.func.stack_module_state(copies)
+
+    def member(p, b):
+        return functional_call(base, (p, b), args, kwargs)
+
+    ensemble = torch.func.vmap(member)
+    for _ in range(3):
+        got = ensemble(params, buffers)
+    assert_equal(got, eager(lambda: ensemble(params, buffers)))
+    each = [eager(lambda: module(*args, **kwargs)) for module in copies]
+    assert differs(each[0], each[1])  # the members differ: a member's parameters mixed up shows
+    assert_close(got, [torch.stack(parts) for parts in zip(*map(leaves, each))])
