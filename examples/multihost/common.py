@@ -6,9 +6,12 @@ calls `train` here. The loop is the same on every engine and any number of
 hosts:
 
 - every host builds the same critic (`--critic single`, `ensemble` or
-  `multi`, nano sizes; a comma-separated list trains each in turn) from the
-  same seed, after `hosts.agree` has checked that every host asks for the
-  same one;
+  `multi`, nano sizes, with `--critic-options`; a comma-separated list
+  trains each in turn) from the same seed, after `hosts.agree` has checked
+  that every host asks for the same one, under the same dtype policy, with
+  the same batch, steps and checkpoint schedule (`run_options`): a host that
+  differs is refused on every host, the error naming the option and each
+  host's value;
 - step `k` trains on the global dream batch `global_batch(k)` (a function of
   the seed and the step only), of which host `i` of `n` takes rows
   `i * B/n ... (i+1) * B/n - 1` (axis 1); a real run would read each host's
@@ -45,6 +48,7 @@ import argparse
 import contextlib
 import glob
 import hashlib
+import json
 import os
 import re
 import signal
@@ -85,6 +89,13 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--checkpoint-dir", help="write DIR/<critic>/step-NNNNNN.npz; resume from the latest found")
     p.add_argument("--checkpoint-every", type=int, default=4)
+    p.add_argument(
+        "--critic-options",
+        type=json.loads,
+        default={},
+        help='JSON options for every critic (a MultiCritic: every stream), e.g. \'{"head": "hl_gauss"}\'',
+    )
+    p.add_argument("--dtype-policy", help="keras.config.set_dtype_policy(NAME) before the critics are built")
     p.add_argument("--out", help="write each host's final state and per-step metrics to OUT/<critic>/host<i>.npz")
     p.add_argument(
         "--timeout",
@@ -117,15 +128,39 @@ def build(args, kind):
     from multicritic import CriticNetwork, CriticTrainer, MultiCritic
     from multicritic.training import hosts
 
-    spec = CRITICS[kind]
-    # Before the critic exists: building it under a JAX or TensorFlow distribution is itself collective.
-    hosts.agree("critic", {"critic": kind, "config": spec, "seed": args.seed, "batch": args.batch})
+    spec = spec_of(args, kind)
+    # Before the critic exists: building it under a JAX or TensorFlow distribution is itself collective. What
+    # changes the numbers, and the checkpoint schedule (the hosts' exchanges must line up step by step).
+    hosts.agree(
+        f"critic {kind!r}",
+        {
+            "run option": run_options(args, kind),
+            "critic option": spec,
+            "dtype policy": keras.config.dtype_policy().name,
+        },
+    )
     keras.utils.set_random_seed(args.seed)
     critic = MultiCritic(**spec) if "critics" in spec else CriticNetwork(**spec)
     rng = np.random.default_rng(args.seed)
     critic.set_weights([rng.normal(scale=0.2, size=tuple(v.shape)).astype(np.float32) for v in critic.weights])
     trainer = CriticTrainer(critic, learning_rate=args.learning_rate, seed=args.seed)
     return critic, trainer
+
+
+def run_options(args, kind):
+    """The arguments every host must share: what changes the numbers, and when checkpoints are written (the
+    folder itself may differ: each host its own copy of a shared one). The learning rate is `CriticTrainer`'s
+    to check, before its optimizer exists."""
+    names = ("steps", "batch", "horizon", "seed", "checkpoint_every")
+    return dict({n: getattr(args, n) for n in names}, critic=kind, checkpoints=bool(args.checkpoint_dir))
+
+
+def spec_of(args, kind):
+    """`CRITICS[kind]` with `--critic-options` (a MultiCritic's: in every stream's)."""
+    spec, more = CRITICS[kind], dict(args.critic_options or {})
+    if "critics" in spec:
+        return dict(spec, critics={name: dict(stream, **more) for name, stream in spec["critics"].items()})
+    return dict(spec, **more)
 
 
 def global_batch(args, critic, step: int):
@@ -218,6 +253,11 @@ def train(args, checkpoints=None, log=print, extra=None, scope=contextlib.nullco
     names = kinds(args)
     from multicritic.training import hosts
 
+    log(f"started at time {time.time():.3f}")  # (the engine's hosts are connected: how long the checks take)
+    if args.dtype_policy:
+        import keras
+
+        keras.config.set_dtype_policy(args.dtype_policy)
     if preemption:
         hosts.watch_preemption()  # a scheduler's SIGTERM: every host checkpoints at one step and exits cleanly
     for kind in names:

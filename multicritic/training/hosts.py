@@ -9,10 +9,11 @@ here, with one small collective of the backend's (`Backend.gather_hosts`)
 before any collective of the training:
 
 - `agree`: every host gives the same value (a config, a seed), else every
-  host raises a `ValueError` naming the hosts that differ. `CriticTrainer`
-  checks its critic config, options, optimizer and state variables this way
-  when it is built; a host that builds its critic under a distribution (JAX,
-  TensorFlow) checks the critic's config with `agree` first.
+  host raises a `ValueError` naming the first option that differs and each
+  host's value. `CriticTrainer` checks its critic config, dtype policy,
+  options, optimizer and state variables this way when it is built; a host
+  that builds its critic under a distribution (JAX, TensorFlow) checks the
+  critic's config with `agree` first.
 - `save`: host 0 (the chief) alone writes the sealed checkpoint (atomically,
   `multicritic.files.integrity`); every host returns when it is written, or raises
   the chief's error.
@@ -21,13 +22,17 @@ before any collective of the training:
   any host assign it. A checkpoint saved on another number of hosts restores
   (the state is the same on every host) with a warning saying so.
 
+Every exchange carries a kind ("agree critic", "preempt", "checkpoint", ...):
+hosts whose programs diverged (host 0 checkpoints where host 1 checks for a
+preemption) raise `HostsOutOfStep` on every host at that exchange, instead of
+reading each other's messages as their own.
+
 On one host every function here is the single-host behaviour, with no
 collective.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
 import threading
@@ -45,9 +50,20 @@ class DifferentCheckpoints(ValueError):
     """The hosts read intact checkpoints that differ (`restore`): no older checkpoint makes them agree."""
 
 
-# Bytes each host contributes to one exchange (JSON, zero-padded): digests and a truncated error message fit.
+class HostsOutOfStep(RuntimeError):
+    """The hosts made different exchanges at once (one checkpoints, another checks for a preemption): their
+    programs diverged, and no host can go on. Not a `ValueError`: no other input makes this exchange agree."""
+
+
+# Bytes each host contributes to an exchange's first round (JSON, zero-padded): a message that fits (a flag,
+# a status, a batch's shapes) takes one collective; a larger one (a whole config) a second round, of the
+# largest host's size.
 EXCHANGE_BYTES = 1024
+# The most JSON one host may send in one exchange (every host sends as much in the second round).
+EXCHANGE_LIMIT = 1 << 20
 _MESSAGE_CHARS = 900
+# How many more differing options an `agree` error lists after the first.
+_MORE_OPTIONS = 4
 
 
 def topology(variables: Sequence = ()) -> Tuple[int, int]:
@@ -65,34 +81,108 @@ def is_chief(variables: Sequence = ()) -> bool:
     return topology(variables)[0] == 0
 
 
-def gather(value, variables: Sequence = ()) -> List:
-    """`value` (JSON-serialisable, at most `EXCHANGE_BYTES` as JSON) from every host, in host order.
+def gather(value, variables: Sequence = (), kind: str = "gather") -> List:
+    """`value` (JSON-serialisable, at most `EXCHANGE_LIMIT` bytes as JSON) from every host, in host order.
 
-    A collective: every host must call it, in the same order as the others.
+    A collective: every host must call it, in the same order as the others. `kind` names the exchange;
+    if another host's kind differs, every host raises `HostsOutOfStep` naming both.
     """
-    if topology(variables)[1] == 1:
+    index, count = topology(variables)
+    if count == 1:
         return [value]
-    data = json.dumps(value, sort_keys=True, default=str).encode()
-    if len(data) > EXCHANGE_BYTES:
-        raise ValueError(f"value: got {len(data)} bytes of JSON, expected at most {EXCHANGE_BYTES}.")
-    buffer = np.zeros(EXCHANGE_BYTES, np.uint8)
+    # (Keys in the order given: `agree` names the first option that differs in the config's own order.)
+    data = json.dumps(value, default=str).encode()
+    head = json.dumps({"kind": kind, "value": json.loads(data)}).encode()
+    if len(head) > EXCHANGE_BYTES:
+        head = json.dumps({"kind": kind, "bytes": len(data)}).encode()
+    messages = [json.loads(row) for row in _exchange(head, EXCHANGE_BYTES, variables)]
+    kinds = [m["kind"] for m in messages]
+    if any(k != kind for k in kinds):
+        other = next(h for h, k in enumerate(kinds) if k != kind)
+        every = ", ".join(f"host {h} {k!r}" for h, k in enumerate(kinds))
+        raise HostsOutOfStep(
+            f"hosts out of step: host {index} expected a {kind!r} message and got a {kinds[other]!r} message from "
+            f"host {other} ({every}); expected every host to make the same exchanges in the same order (the same "
+            "program, options and checkpoint schedule on every host)."
+        )
+    if all("value" in m for m in messages):
+        return [m["value"] for m in messages]
+    # The second round: each host's whole value, padded to the largest (every host knows every size now).
+    sizes = [m.get("bytes", 0) for m in messages]
+    if max(sizes) > EXCHANGE_LIMIT:
+        host = sizes.index(max(sizes))
+        raise ValueError(
+            f"value: got {max(sizes)} bytes of JSON to exchange on host {host}, expected at most "
+            f"{EXCHANGE_LIMIT} ({kind!r})."
+        )
+    width = -(-max(sizes) // EXCHANGE_BYTES) * EXCHANGE_BYTES  # a few sizes: each may compile a collective
+    return [json.loads(row) for row in _exchange(data, width, variables)]
+
+
+def _exchange(data: bytes, width: int, variables) -> List[bytes]:
+    buffer = np.zeros(width, np.uint8)
     buffer[: len(data)] = np.frombuffer(data, np.uint8)
     table = backend.current().gather_hosts(buffer, variables)
-    return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in table]
+    return [bytes(row).rstrip(b"\0") for row in table]  # (JSON escapes NUL: the padding alone is stripped)
 
 
-def _digest(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+_MISSING = object()
+
+
+def _keyed(node) -> bool:
+    """A Keras-style `{"class_name": ..., "config": {...}}` spec: its options are named as the critic takes them
+    (`head.sigma`, not `head.config.sigma`)."""
+    return isinstance(node, dict) and "class_name" in node and isinstance(node.get("config"), dict)
+
+
+def _differences(values: Sequence, path: Tuple = ()) -> List[Tuple]:
+    """The paths (`(key, ...)`, in order) of the leaves at which the hosts' `values` differ."""
+    if all(_keyed(v) for v in values) and all(
+        {k: v[k] for k in v if k != "config"} == {k: values[0][k] for k in values[0] if k != "config"} for v in values
+    ):
+        return _differences([v["config"] for v in values], path)
+    if all(isinstance(v, dict) and not _keyed(v) for v in values):
+        keys = list(dict.fromkeys(k for v in values for k in v))
+        return [d for k in keys for d in _differences([v.get(k, _MISSING) for v in values], path + (k,))]
+    if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
+        return [d for i in range(len(values[0])) for d in _differences([v[i] for v in values], path + (i,))]
+    return [] if all(v == values[0] for v in values) else [path]
+
+
+def _at(node, path: Tuple):
+    for key in path:
+        if _keyed(node):
+            node = node["config"]
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return node
+
+
+def _named(part: str, path: Tuple) -> str:
+    """`critic option 'head.sigma'`: the part and the option's path in it."""
+    text = "".join(f"[{key}]" if isinstance(key, int) else f".{key}" for key in path).lstrip(".")
+    return " ".join(filter(None, [part, repr(text) if text else ""])) or "the value"
+
+
+def _shown(value) -> str:
+    if value is _MISSING:
+        return "no such option"
+    text = repr(value["class_name"] if _keyed(value) else value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def agree(what: str, value, variables: Sequence = ()) -> None:
     """Raises a `ValueError` on every host unless every host passed an equal `value`.
 
     `value` is a JSON-serialisable object (a critic config, a seed) or a
-    `{part: object}` dict, compared part by part so that the error names the
-    part that differs. Only digests travel between hosts. Call it on every
-    host, before the first collective that `value` would break (building a
-    critic under a distribution, the first train step).
+    `{part: object}` dict (`{"critic option": config, "seed": 0}`). The hosts
+    exchange their values, so the error names the first option that differs
+    and each host's value (`hosts disagree on critic option 'head.sigma': host
+    0 has 0.75, host 1 has 1.0`), and the next few that differ. Call it on
+    every host, before the first collective that `value` would break
+    (building a critic under a distribution, the first train step).
 
     Args:
         what: what is compared, for the error message.
@@ -101,30 +191,37 @@ def agree(what: str, value, variables: Sequence = ()) -> None:
 
     Examples:
         >>> config = {"model_size": "nano"}
-        >>> hosts.agree("critic config", config)  # before building the critic on each host
+        >>> hosts.agree("critic", {"critic option": config})  # before building the critic on each host
         >>> critic = CriticNetwork(**config)
     """
-    parts = value if isinstance(value, Mapping) else {what: value}
-    mine = {str(name): _digest(part)[:16] for name, part in parts.items()}
+    parts = {str(name): part for name, part in value.items()} if isinstance(value, Mapping) else {"": value}
     if topology(variables)[1] == 1:
         return
-    everyone = gather(mine, variables)
-    for host, theirs in enumerate(everyone):
-        for name in sorted(set(mine) | set(theirs)):
-            first, other = everyone[0].get(name), theirs.get(name)
-            if first != other:
-                raise ValueError(
-                    f"{what}: got another {name} on host {host} (sha256 {other}) than on host 0 (sha256 {first}), "
-                    "expected the same on every host (build the same critic and trainer, with the same seed, "
-                    "on every host)."
-                )
+    everyone = gather(parts, variables, kind=f"agree {what}")
+    found = [
+        (part, path)
+        for part in dict.fromkeys(name for theirs in everyone for name in theirs)
+        for path in _differences([theirs.get(part, _MISSING) for theirs in everyone])
+    ]
+    if not found:
+        return
+    part, path = found[0]
+    values = ", ".join(
+        f"host {h} has {_shown(_at(theirs.get(part, _MISSING), path))}" for h, theirs in enumerate(everyone)
+    )
+    more = ", ".join(_named(p, q) for p, q in found[1 : 1 + _MORE_OPTIONS])
+    more = f"; they also differ on {more}{' and more' if len(found) > 1 + _MORE_OPTIONS else ''}" if more else ""
+    raise ValueError(
+        f"{what}: hosts disagree on {_named(part, path)}: {values}{more}; expected the same on every host "
+        "(build the same critic and trainer, with the same seed and options, on every host)."
+    )
 
 
 def same(what: str, value, expected: str, variables: Sequence = ()) -> None:
     """Raises a `ValueError` on every host, naming each host's value, unless every host passed an equal `value`.
 
-    For small values worth quoting (a batch shape, a resume step): unlike `agree`, the values themselves travel
-    (at most `EXCHANGE_BYTES` of JSON from each host). A collective, as `agree`.
+    For small values quoted whole (a resume step's list of checkpoints); `agree` names the option that differs
+    in a config. A collective, as `agree`.
 
     Args:
         what: the argument or quantity compared, for the error message.
@@ -134,7 +231,7 @@ def same(what: str, value, expected: str, variables: Sequence = ()) -> None:
     """
     if topology(variables)[1] == 1:
         return
-    everyone = gather(value, variables)
+    everyone = gather(value, variables, kind=f"same {what}")
     if any(json.dumps(v, sort_keys=True) != json.dumps(everyone[0], sort_keys=True) for v in everyone):
         got = ", ".join(f"{json.dumps(v)} on host {host}" for host, v in enumerate(everyone))
         raise ValueError(f"{what}: got {got}; expected the same on every host ({expected}).")
@@ -161,12 +258,20 @@ def agree_requested(critic, optimizer, options: Mapping[str, object]) -> None:
         "CriticTrainer",
         {
             "backend": keras.backend.backend(),
-            "critic config": config,
-            "trainer options": options,
+            "critic option": config,
+            "dtype policy": dtype_policies(critic),
+            "trainer option": options,
             "optimizer": requested,
         },
         critic.weights,
     )
+
+
+def dtype_policies(critic) -> Dict[str, str]:
+    """The dtype policies that change a step's numbers: the global one (`keras.config.set_dtype_policy`: the
+    trainer's loss scaling follows it) and the critic's own (`dtype=`; a MultiCritic's streams' are in its
+    config). Not part of the critic config compared otherwise: a checkpoint restores across policies."""
+    return {"global": keras.config.dtype_policy().name, "critic": critic.dtype_policy.name}
 
 
 def agree_batch(kind: str, shapes: Mapping[str, Sequence[int]], batch_axis: int, variables: Sequence = ()) -> None:
@@ -178,7 +283,7 @@ def agree_batch(kind: str, shapes: Mapping[str, Sequence[int]], batch_axis: int,
     if count == 1:
         return
     mine = {name: [int(d) for d in shape] for name, shape in shapes.items()}
-    everyone = gather(mine, variables)
+    everyone = gather(mine, variables, kind=f"batch {kind}")
     if all(theirs == everyone[0] for theirs in everyone):
         return
     first = next(iter(mine))
@@ -218,8 +323,7 @@ def preempted(variables: Sequence = ()) -> bool:
     """Whether any host has received a preemption signal since `watch_preemption`: True on every host at the
     same call, so that every host stops at the same step. A collective (a few bytes per host): call it on every
     host at the same point of each step."""
-    flags = gather(_PREEMPTION["requested"], variables)
-    return any(flags)
+    return any(gather(_PREEMPTION["requested"], variables, kind="preempt"))
 
 
 def _without_names(config):
@@ -256,12 +360,8 @@ def fingerprint(trainer) -> Dict[str, object]:
 
 
 def _error(err: BaseException) -> Dict[str, str]:
-    """An error as a status to exchange, cut to fit (a status too large to send would leave the other hosts
-    waiting in the exchange)."""
-    message = f"{type(err).__name__}: {err}"[:_MESSAGE_CHARS]
-    while len(json.dumps({"error": message})) > EXCHANGE_BYTES - 64:
-        message = message[: len(message) // 2]
-    return {"error": message}
+    """An error as a status to exchange, cut to a line's length (it is quoted in the other hosts' errors)."""
+    return {"error": f"{type(err).__name__}: {err}"[:_MESSAGE_CHARS]}
 
 
 def save(trainer, path) -> str:
@@ -269,19 +369,22 @@ def save(trainer, path) -> str:
 
     Every host must call it (it waits until host 0 has written). If host 0
     cannot write, host 0 raises its error and every other host an `OSError`
-    quoting it.
+    quoting it. Host 0 writes only once every host has called it: a host
+    elsewhere in its program (another checkpoint schedule) makes every host
+    raise `HostsOutOfStep` with nothing written.
     """
     variables = trainer.state_variables
     index, count = topology(variables)
     if count == 1:
         return checkpoint.save(trainer, path)
+    gather(None, variables, kind="checkpoint")  # every host is here: the file is one they all agreed to
     status, failure = {}, None
     if index == 0:
         try:
             status = {"path": checkpoint.save(trainer, path, hosts=count)}
         except Exception as err:  # re-raised below, once the other hosts know
             status, failure = _error(err), err
-    chief = gather(status, variables)[0]
+    chief = gather(status, variables, kind="checkpoint written")[0]
     if failure is not None:
         raise failure
     if "error" in chief:
@@ -309,7 +412,7 @@ def restore(trainer, path) -> Dict[str, object]:
         status = {"sha256": checked.digest}
     except Exception as err:  # re-raised below, once the other hosts know
         checked, failure, status = None, err, _error(err)
-    statuses = gather(status, variables)
+    statuses = gather(status, variables, kind="restore")
     if failure is not None:
         raise failure
     for host, theirs in enumerate(statuses):

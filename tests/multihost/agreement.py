@@ -36,8 +36,8 @@ def run(rank, world, port, out_dir):
     def case(name, fn):
         try:
             seen[name] = {"ok": fn()}
-        except ValueError as err:
-            seen[name] = {"error": str(err)}
+        except (ValueError, RuntimeError) as err:  # (RuntimeError: hosts out of step)
+            seen[name] = {"error": str(err), "type": type(err).__name__}
 
     def trainer(**kwargs):
         keras.utils.set_random_seed(0)
@@ -57,6 +57,26 @@ def run(rank, world, port, out_dir):
         lambda: bool(CriticTrainer(CriticNetwork(model_size="nano", ensemble_size=3, aggregation="min_of_random"))),
     )
     case("agree", lambda: hosts.agree("config", {"size": "nano" if rank == 0 else "mini"}) or True)
+    # Finding 8: each option that changes the numbers, named with both hosts' values (whole configs exchanged).
+    hl = {"class_name": "hl_gauss", "config": {"sigma": 1.0 if rank else 0.75}}
+    for name, critic in {
+        "head kind": {"head": "hl_gauss" if rank else "two_hot"},
+        "buckets": {"num_buckets": 127 if rank else 255},
+        "sigma": {"head": hl},
+        "trunk": {"trunk": "residual" if rank else "mlp"},
+        "aggregation": {"ensemble_size": 2, "aggregation": "min" if rank else "mean"},
+        "ema decay": {"ema_decay": 0.99 if rank else 0.98},
+    }.items():
+        case(name, lambda critic=critic: bool(trainer(critic=critic)))
+    # Finding 6: the dtype policy, the critic's own and the global one.
+    case("critic dtype", lambda: bool(trainer(critic={"dtype": "mixed_bfloat16" if rank else "float32"})))
+    keras.config.set_dtype_policy("mixed_bfloat16" if rank else "float32")
+    case("global dtype", lambda: bool(trainer()))
+    keras.config.set_dtype_policy("float32")
+    # A value too large for one round of the exchange (a second, of the largest host's size): still compared.
+    big = {f"option {i:04d}": i for i in range(400)}
+    case("large", lambda: hosts.agree("config", {"big": dict(big, **{"option 0399": rank})}) or True)
+    case("large same", lambda: hosts.agree("config", {"big": big}) or True)
 
     same = trainer()
     # The per-host batch: another horizon on host 1, then a global batch of 15 split 8 / 7. Refused by both
@@ -77,6 +97,11 @@ def run(rank, world, port, out_dir):
     seen["steps before"] = int(np.asarray(keras.ops.convert_to_numpy(same.steps.value)))
     case("even", lambda: bool(same.train_on_dream(*dream(7, 8))))
     case("resume", lambda: hosts.same("resume step", [] if rank else [8, 4], "the same checkpoints") or True)
+    # Finding 7: host 0 checkpoints where host 1 checks for a preemption (another schedule). Both refuse at that
+    # exchange, naming both kinds, with nothing written; then they are in step again.
+    early = os.path.join(out_dir, "early.npz")
+    case("out of step", lambda: same.save(early) if rank == 0 else hosts.preempted())
+    seen["early written"] = os.path.exists(early)
     # A preemption signal on host 1 alone: every host learns it at the same call.
     import signal
 

@@ -12,6 +12,10 @@ Three launches per engine, shared by the tests of its module (`runs`):
      stop with the engine's error for a lost peer, within `KILLED_HOST_EXIT_LIMIT_S`;
    - "refusal" (PyTorch, whose lost host its torchrun restart test covers): each host is given another
      checkpoint of it, which both refuse before any step.
+
+Then `guards` (five launches the hosts refuse or stop cleanly) and `disagreements` (four launches where host 1
+asks for another HL-Gauss sigma, dtype policy or checkpoint schedule: refused on both hosts before any step,
+within `REFUSAL_LIMIT_S` of both starting).
 """
 
 from __future__ import annotations
@@ -271,7 +275,10 @@ def guards(engine, runs, tmp_path_factory):
 
 def test_a_host_asking_for_another_learning_rate_is_refused_by_every_host(guards):
     launch = guards["rate"]
-    refused = launch.lines(r"ValueError: CriticTrainer: got another optimizer on host 1")
+    refused = launch.lines(
+        r"ValueError: CriticTrainer: hosts disagree on optimizer 'default Adam\.learning_rate': host 0 has 0\.001, "
+        r"host 1 has 0\.0001;"
+    )
     assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
     assert not launch.lines(r"trained steps")
 
@@ -310,3 +317,80 @@ def test_hosts_that_find_different_checkpoints_are_refused_before_any_restore(gu
     refused = launch.lines(r"ValueError: resume step: got \[2\] on host 0, \[\] on host 1; expected the same")
     assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
     assert not launch.lines(r"trained steps|restored step")
+
+
+# From both hosts started (`common.train`'s first line) to both refused and exited.
+REFUSAL_LIMIT_S = 10.0
+HL_GAUSS = '{"head": {"class_name": "hl_gauss", "config": {"sigma": %s}}}'
+# Host 1's other options, and the words of the refusal, the same on every host.
+DISAGREEMENTS = {
+    "sigma": (
+        ["--critic-options", HL_GAUSS % 1.0],
+        "critic option 'head.sigma': host 0 has 0.75, host 1 has 1.0;",
+    ),
+    "global dtype": (
+        ["--dtype-policy", "mixed_bfloat16"],
+        "dtype policy: host 0 has 'float32', host 1 has 'mixed_bfloat16';",
+    ),
+    "critic dtype": (
+        ["--critic-options", '{"dtype": "mixed_bfloat16"}'],
+        "critic option 'dtype': host 0 has no such option, host 1 has 'mixed_bfloat16';",
+    ),
+    "schedule": (["--checkpoint-every", "4"], "run option 'checkpoint_every': host 0 has 2, host 1 has 4;"),
+}
+
+
+@pytest.fixture(scope="module")
+def disagreements(engine, tmp_path_factory):
+    """Two hosts, host 1 given another HL-Gauss sigma, dtype policy (global, or the critic's own) or checkpoint
+    schedule; each launch with a checkpoint folder of its own."""
+    base = tmp_path_factory.mktemp(f"{engine}-disagreements")
+    launches = {}
+    for name, (theirs, _) in DISAGREEMENTS.items():
+        ours = ["--critic-options", HL_GAUSS % 0.75] if name == "sigma" else []
+        folder = str(base / name.replace(" ", "-"))
+        host1 = " ".join(f"'{arg}'" for arg in theirs)
+        launches[name] = (
+            hosts(
+                engine,
+                "--critic",
+                "single",
+                *RUN,
+                *ours,
+                "--checkpoint-dir",
+                folder,
+                launcher_args=["--host-args", "1", host1],
+            ),
+            folder,
+        )
+    return launches
+
+
+def check_refused_before_any_step_within_seconds(engine, launch, folder, message):
+    """Both hosts refused with `message`, before any step or checkpoint, within `REFUSAL_LIMIT_S` of both
+    starting; returns that time."""
+    refused = launch.lines(r"ValueError: critic 'single': hosts disagree on " + re.escape(message))
+    assert {line.split("]")[0] for line in refused} == {"[host 0", "[host 1"}, launch.report()
+    assert launch.code != 0 and all(code != 0 for code, _ in launch.exits.values()), launch.exits
+    assert not launch.lines(r"trained steps|TypeError"), launch.report()
+    assert not [n for n in os.listdir(os.path.join(folder, "single"))], os.listdir(os.path.join(folder, "single"))
+    started = max(float(t) for t in re.findall(r"started at time ([\d.]+)", launch.output))
+    took = max(at for _, at in launch.exits.values()) - started
+    print(f"{engine}: refused {took:.1f} s after both hosts started")
+    assert 0 < took < REFUSAL_LIMIT_S, f"{engine}: refused {took:.1f} s after both hosts started"
+    return took
+
+
+def test_finding_8_another_hl_gauss_sigma_is_refused_naming_it_and_each_hosts_value(engine, disagreements):
+    check_refused_before_any_step_within_seconds(engine, *disagreements["sigma"], DISAGREEMENTS["sigma"][1])
+
+
+@pytest.mark.parametrize("which", ["global dtype", "critic dtype"])
+def test_finding_6_another_dtype_policy_is_refused_before_any_step(engine, disagreements, which):
+    # (Before: both hosts trained, exited with 0 and wrote checkpoints.)
+    check_refused_before_any_step_within_seconds(engine, *disagreements[which], DISAGREEMENTS[which][1])
+
+
+def test_finding_7_another_checkpoint_schedule_is_refused_before_any_step(engine, disagreements):
+    # (Before: host 1 read host 0's checkpoint message as a preemption flag, a TypeError; a checkpoint was left.)
+    check_refused_before_any_step_within_seconds(engine, *disagreements["schedule"], DISAGREEMENTS["schedule"][1])

@@ -4,6 +4,7 @@
 """
 
 import hashlib
+import json
 import warnings
 
 import numpy as np
@@ -94,3 +95,75 @@ def test_a_multi_critic_fingerprint_covers_its_streams():
     a = hosts.fingerprint(CriticTrainer(multi("two_hot"), seed=0))
     b = hosts.fingerprint(CriticTrainer(multi("hl_gauss"), seed=0))
     assert a["critic config"] != b["critic config"]
+
+
+class FakeHosts:
+    """`hosts` as host `index` of `len(others) + 1`: each exchange's rows are this host's and `others(...)`'s
+    (what each other host sends, from this host's message)."""
+
+    def __init__(self, monkeypatch, index, others):
+        self.rounds = []
+        monkeypatch.setattr(hosts, "topology", lambda variables=(): (index, len(others) + 1))
+
+        def exchange(data, width, variables):
+            assert len(data) <= width
+            self.rounds.append(width)
+            theirs = [other(data, len(self.rounds)) for other in others]
+            return theirs[:index] + [data] + theirs[index:]
+
+        monkeypatch.setattr(hosts, "_exchange", exchange)
+
+
+def test_finding_8_agree_names_the_first_option_that_differs_and_each_hosts_value(monkeypatch):
+    def config(sigma, gamma=0.99):
+        head = {"class_name": "hl_gauss", "config": {"sigma": sigma}}
+        return {"critic option": {"head": head, "num_buckets": 255}, "trainer option": {"gamma": gamma}}
+
+    def sent(value):
+        return lambda data, call: json.dumps(json.loads(data) | {"value": value}).encode()
+
+    FakeHosts(monkeypatch, 0, [sent(config(1.0, gamma=0.9)), sent(config(0.75))])
+    with pytest.raises(ValueError) as err:
+        hosts.agree("CriticTrainer", config(0.75))
+    assert str(err.value) == (
+        "CriticTrainer: hosts disagree on critic option 'head.sigma': host 0 has 0.75, host 1 has 1.0, host 2 has "
+        "0.75; they also differ on trainer option 'gamma'; expected the same on every host (build the same critic "
+        "and trainer, with the same seed and options, on every host)."
+    )
+    # Another head kind: named by its name; an option one host lacks.
+    two_hot = {"critic option": {"head": {"class_name": "two_hot", "config": {}}, "num_buckets": 255}}
+    FakeHosts(monkeypatch, 1, [sent(two_hot)])
+    with pytest.raises(ValueError, match=r"on critic option 'head': host 0 has 'two_hot', host 1 has 'hl_gauss'; "):
+        hosts.agree("CriticTrainer", config(0.75))
+    mixed = config(0.75)
+    mixed["critic option"]["dtype"] = "mixed_bfloat16"
+    FakeHosts(monkeypatch, 1, [sent(mixed)])
+    with pytest.raises(ValueError, match=r"option 'dtype': host 0 has 'mixed_bfloat16', host 1 has no such option; "):
+        hosts.agree("CriticTrainer", config(0.75))
+    FakeHosts(monkeypatch, 0, [sent(config(0.75))])
+    hosts.agree("CriticTrainer", config(0.75))  # the same everywhere
+
+
+def test_finding_8_configs_larger_than_one_round_travel_whole_in_a_second(monkeypatch):
+    big = {f"option {i:04d}": i for i in range(400)}  # several KiB of JSON
+    fake = FakeHosts(monkeypatch, 0, [lambda data, call: data])
+    assert hosts.gather(big, kind="agree x") == [big, big]
+    assert fake.rounds[0] == hosts.EXCHANGE_BYTES and fake.rounds[1] % hosts.EXCHANGE_BYTES == 0
+    assert hosts.gather({"small": 1}) == [{"small": 1}] * 2 and fake.rounds[2:] == [hosts.EXCHANGE_BYTES]  # one
+
+
+def test_finding_7_a_message_of_another_kind_is_refused_naming_both_kinds(monkeypatch, tmp_path):
+    # Host 1 checks for a preemption where this host, host 0, checkpoints (another checkpoint schedule): it used
+    # to read the other's flag as the chief's status (`TypeError: argument of type 'bool' is not iterable`).
+    trainer = make(seed=1)
+    preempt = json.dumps({"kind": "preempt", "value": False}).encode()
+    FakeHosts(monkeypatch, 0, [lambda data, call: preempt])
+    with pytest.raises(hosts.HostsOutOfStep) as err:
+        trainer.save(tmp_path / "never-written.npz")
+    assert str(err.value).startswith(
+        "hosts out of step: host 0 expected a 'checkpoint' message and got a 'preempt' message from host 1 "
+        "(host 0 'checkpoint', host 1 'preempt'); expected every host to make the same exchanges in the same order"
+    )
+    assert not isinstance(err.value, ValueError)  # no input to fix (and no damaged checkpoint to pass over)
+    assert not list(tmp_path.iterdir())  # refused before host 0 wrote anything
+    assert hosts.preempted() is False  # a message of the kind expected
