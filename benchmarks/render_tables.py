@@ -531,6 +531,68 @@ def ppo_scales_learned(files):
     return lines
 
 
+def _ppo_cost_cells(results):
+    """`{(env, backend): {"keras": [runs], "native": [runs]}}` of a `ppo_cost.py` result file."""
+    cells = {}
+    for run in results["runs"].values():
+        cells.setdefault((run["env"], run["backend"]), {"keras": [], "native": []})[run["agent"]].append(run)
+    return cells
+
+
+def _pair_ratios(cell):
+    """The Keras program's seconds over the hand-written loop's, per (seed) pair run back to back."""
+    native = {run["seed"]: run["seconds"] for run in cell["native"]}
+    return [run["seconds"] / native[run["seed"]] for run in cell["keras"] if run["seed"] in native]
+
+
+@table("ppo_cost")
+def ppo_cost(files):
+    """Median seconds per PPO run of the Keras program and of the same backend's hand-written loop, and the
+    ratio (median of the seeds' pairs [min, max]), per task; "within target": the median ratio at most the
+    file's target."""
+    results = files[0]
+    lines = [
+        f"| task | backend | hand-written loop, s | Keras program, s | ratio | within {results['target']:g}x |",
+        "|---|---|---:|---:|---|---|",
+    ]
+    for (env, backend), cell in sorted(_ppo_cost_cells(results).items()):
+        ratios = _pair_ratios(cell)
+        if not ratios:
+            continue
+        native = float(np.median([run["seconds"] for run in cell["native"]]))
+        keras_s = float(np.median([run["seconds"] for run in cell["keras"]]))
+        ratio = float(np.median(ratios))
+        lines.append(
+            f"| {env} | {backend} | {native:.1f} | {keras_s:.1f} | "
+            f"{ratio:.2f} [{min(ratios):.2f}, {max(ratios):.2f}] | {'yes' if ratio <= results['target'] else 'no'} |"
+        )
+    return lines
+
+
+@table("ppo_cost_phases")
+def ppo_cost_phases(files, env="CartPole-v1"):
+    """Where a PPO run's time goes on one task: median seconds per phase (`keras_agent.Phases`) of each
+    backend's hand-written loop and Keras program."""
+    results = files[0]
+    names = ("act", "value", "env", "update", "other")
+    lines = [
+        "| backend | agent | " + " | ".join(names) + " | run |",
+        "|---|---|" + "---:|" * (len(names) + 1),
+    ]
+    for (task, backend), cell in sorted(_ppo_cost_cells(results).items()):
+        if task != env:
+            continue
+        for agent in ("native", "keras"):
+            runs = cell[agent]
+            if not runs:
+                continue
+            phases = [float(np.median([run["phases"][name] for run in runs])) for name in names]
+            total = float(np.median([run["seconds"] for run in runs]))
+            label = "hand-written loop" if agent == "native" else "Keras program"
+            lines.append(f"| {backend} | {label} | " + " | ".join(f"{p:.1f}" for p in phases) + f" | {total:.1f} |")
+    return lines
+
+
 @table("sheeprl_dreamer")
 def sheeprl_dreamer(files):
     """sheeprl DreamerV3 per critic: return at budgets (mean over seeds [min, max] of the episodes ending in
@@ -561,7 +623,10 @@ def sheeprl_dreamer(files):
         )
     return lines + [
         "",
-        f"{results['env']}, {steps} environment steps per run, resumed from sheeprl's checkpoint at {steps // 2}.",
+        f"{results['env']}, {steps} environment steps per run, resumed from sheeprl's checkpoint at {steps // 2}. "
+        "A return @ N is each seed's mean return over the episodes that end in the last eighth of the first N "
+        f"steps (after {7 * budgets[0] // 8} and by {budgets[0]} for the first column), then the mean over seeds "
+        "[min, max].",
     ]
 
 

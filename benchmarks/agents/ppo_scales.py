@@ -4,7 +4,8 @@ Runs a PPO agent over a grid of backends x tasks x value heads x reward scales x
 run, `--workers` at a time (one thread each), and merges every run's curve into `--json` as it goes (runs
 already there are skipped, so a grid can be split over sessions). A backend of the grid is a Keras backend
 running `examples/ppo/keras_agent.py` (one Keras program), `torch-loop` (`examples/ppo/torch_agent.py`, a
-PyTorch user's own loop) or `jax-jit` (`examples/ppo/jax_agent.py`, a JAX user's). One set of
+PyTorch user's own loop), `jax-jit` (`examples/ppo/jax_agent.py`, a JAX user's) or `tf-loop`
+(`examples/ppo/tf_agent.py`, a TensorFlow user's). One set of
 hyperparameters for every run (`keras_agent.HYPERPARAMETERS`), no reward normalisation.
 
     python benchmarks/agents/ppo_scales.py --backends jax torch tensorflow torch-loop jax-jit \
@@ -28,8 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A grid's "backend": a Keras backend running the Keras agent, "torch-loop", the PyTorch user's agent
 # (examples/ppo/torch_agent.py: its own torch.optim loop around the critic's modules), or "jax-jit", the JAX
-# user's (examples/ppo/jax_agent.py: jax.jit and optax over the critic's pure functions).
-AGENTS = {"torch-loop": ("torch", "torch_agent.py"), "jax-jit": ("jax", "jax_agent.py")}
+# user's (examples/ppo/jax_agent.py: jax.jit and optax over the critic's pure functions), or "tf-loop", the
+# TensorFlow user's (examples/ppo/tf_agent.py: XLA-compiled tf.functions around the critic).
+AGENTS = {
+    "torch-loop": ("torch", "torch_agent.py"),
+    "jax-jit": ("jax", "jax_agent.py"),
+    "tf-loop": ("tensorflow", "tf_agent.py"),
+}
 
 
 def agent(backend):

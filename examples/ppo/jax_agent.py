@@ -28,6 +28,7 @@ from multicritic import critic_loss, inverse_symlog  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from keras_agent import (
     HYPERPARAMETERS,
+    Phases,
     critic_fit,
     env_step,
     gae,
@@ -101,40 +102,48 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     sample = jax.jit(lambda actor, obs, key: jax.random.categorical(key, actor_logits(actor, obs)))
     log_probs = jax.jit(lambda actor, obs: jax.nn.log_softmax(actor_logits(actor, obs)))
     key = jax.random.PRNGKey(seed + 1)
+    phases = Phases()
     start, step, T, E = time.perf_counter(), 0, hp["rollout"], hp["envs"]
     while step < steps:
         buf = rollout_buffer(T, E, obs_size, "int32")
         for t in range(T):
-            key, sub = jax.random.split(key)
-            o = jnp.asarray(obs, jnp.float32)
-            action = np.asarray(sample(actor, o, sub))
-            buf["obs"][t], buf["action"][t] = obs, action
-            buf["logp"][t] = np.asarray(log_probs(actor, o))[np.arange(E), action]
-            buf["value"][t] = np.asarray(values(fast, ema, o))
-            obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
-        last = np.asarray(values(fast, ema, jnp.asarray(obs, jnp.float32)))
-        advantages, returns = gae(buf["reward"], buf["done"], buf["value"], last, hp["gamma"], hp["gae_lambda"])
-        flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
-        adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
-        size = T * E // hp["minibatches"]
-        for _ in range(hp["epochs"]):
-            order = rng.permutation(T * E)
-            for i in range(hp["minibatches"]):
-                idx = order[i * size : (i + 1) * size]
-                a = ((adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)).astype("float32")
-                actor, actor_state, fast, ema, critic_state = update(
-                    actor,
-                    actor_state,
-                    fast,
-                    ema,
-                    critic_state,
-                    flat["obs"][idx],
-                    flat["action"][idx],
-                    flat["logp"][idx],
-                    a,
-                    ret[idx],
-                )
-        report(record, step, start, json_path, log, critic_fit(buf["value"], returns))
+            with phases("act"):
+                key, sub = jax.random.split(key)
+                o = jnp.asarray(obs, jnp.float32)
+                action = np.asarray(sample(actor, o, sub))
+                buf["obs"][t], buf["action"][t] = obs, action
+                buf["logp"][t] = np.asarray(log_probs(actor, o))[np.arange(E), action]
+            with phases("value"):
+                buf["value"][t] = np.asarray(values(fast, ema, o))
+            with phases("env"):
+                obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
+        with phases("other"):
+            last = np.asarray(values(fast, ema, jnp.asarray(obs, jnp.float32)))
+            advantages, returns = gae(buf["reward"], buf["done"], buf["value"], last, hp["gamma"], hp["gae_lambda"])
+            flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
+            adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
+            size = T * E // hp["minibatches"]
+        with phases("update"):
+            for _ in range(hp["epochs"]):
+                order = rng.permutation(T * E)
+                for i in range(hp["minibatches"]):
+                    idx = order[i * size : (i + 1) * size]
+                    a = ((adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)).astype("float32")
+                    actor, actor_state, fast, ema, critic_state = update(
+                        actor,
+                        actor_state,
+                        fast,
+                        ema,
+                        critic_state,
+                        flat["obs"][idx],
+                        flat["action"][idx],
+                        flat["logp"][idx],
+                        a,
+                        ret[idx],
+                    )
+            jax.block_until_ready(fast)  # the update's last step done (it runs async)
+        with phases("other"):
+            report(record, step, start, json_path, log, critic_fit(buf["value"], returns), phases)
     envs.close()
     return record
 

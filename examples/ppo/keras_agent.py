@@ -13,7 +13,11 @@ constant one-hot `z` of one class.
 
 The actor is a Keras model trained with `train_on_batch` (its PPO loss in
 `keras.ops`), the critic a multicritic trainer step: the same program runs
-on TensorFlow, PyTorch and JAX (`KERAS_BACKEND`).
+on TensorFlow, PyTorch and JAX (`KERAS_BACKEND`). Per environment step it
+calls `actor.predict_on_batch` (Keras's compiled predict step; calling the
+model eagerly dispatches every op from Python) and the critic itself
+(`critic(h, z)`: compiled from a signature's second call on JAX and
+TensorFlow, replayed on PyTorch).
 
     KERAS_BACKEND=jax python examples/ppo/keras_agent.py --env CartPole-v1 --head two_hot \\
         --reward-scale 1000 --steps 100000 --seed 1 --json run.json
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import time
@@ -35,7 +40,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import CriticNetwork, CriticTrainer, inverse_symlog
+from multicritic import CriticNetwork, CriticTrainer
 from multicritic.heads import SUPPORT
 
 # One set of hyperparameters for every task, scale and head: CleanRL's PPO for classic control, but the
@@ -57,6 +62,25 @@ HYPERPARAMETERS = dict(
     critic_clip=50.0,
     units=64,
 )
+
+
+class Phases:
+    """Wall seconds a run spends in each phase (`with phases("env"): ...`), for the agents' cost breakdown
+    (`benchmarks/agents/ppo_cost.py`). Each agent's phases end where its values are on the host, so no
+    asynchronous work is counted in the phase after it."""
+
+    NAMES = ("act", "value", "env", "update", "other")
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(self.NAMES, 0.0)
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
 
 
 def ppo_loss(y_true, logits):
@@ -134,11 +158,21 @@ def make_critic(obs_size, head, units, seed):
     return critic, trainer
 
 
+def sample(logp, rng):
+    """One action per row of log-probabilities `[N, actions]`: what `rng.choice(actions, p=row)` gives row by
+    row (the same uniform draws, inverted through each row's normalised CDF), in one vectorised pass."""
+    cdf = np.cumsum(np.exp(logp), -1)
+    cdf /= cdf[:, -1:]
+    return (cdf <= rng.random(len(logp))[:, None]).sum(-1)
+
+
 def values(critic, obs):
-    """The critic's real-space values of observations `[N, obs]`."""
+    """The critic's real-space values of observations `[N, obs]` (symexp on the host: the values are needed
+    there, and eagerly each op on a tensor is a dispatch of its own)."""
     z = np.ones((obs.shape[0], 1, 1), "float32")
     value_symlog, _ = critic(obs, z)
-    return np.asarray(keras.ops.convert_to_numpy(inverse_symlog(value_symlog)), "float64")
+    value_symlog = np.asarray(keras.ops.convert_to_numpy(value_symlog), "float64")
+    return np.sign(value_symlog) * np.expm1(np.abs(value_symlog))
 
 
 def start_run(env_id, head, reward_scale, steps, seed, backend):
@@ -212,43 +246,51 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     actor = make_actor(obs_size, actions, hp["units"])
     critic, trainer = make_critic(obs_size, head, hp["units"], seed)
     rng = np.random.default_rng(seed)
+    phases = Phases()
     start, step = time.perf_counter(), 0
     T, E = hp["rollout"], hp["envs"]
     while step < steps:
         buf = rollout_buffer(T, E, obs_size, "int64")
         for t in range(T):
-            logits = np.asarray(keras.ops.convert_to_numpy(actor(obs.astype("float32"))), "float64")
-            logp_all = (
-                logits
-                - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
-                - logits.max(-1, keepdims=True)
+            with phases("act"):
+                logits = np.asarray(actor.predict_on_batch(obs.astype("float32")), "float64")
+                logp_all = (
+                    logits
+                    - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+                    - logits.max(-1, keepdims=True)
+                )
+                action = sample(logp_all, rng)
+                buf["obs"][t], buf["action"][t] = obs, action
+                buf["logp"][t] = logp_all[np.arange(E), action]
+            with phases("value"):
+                buf["value"][t] = values(critic, obs.astype("float32"))
+            with phases("env"):
+                obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
+        with phases("other"):
+            advantages, returns = gae(
+                buf["reward"],
+                buf["done"],
+                buf["value"],
+                values(critic, obs.astype("float32")),
+                hp["gamma"],
+                hp["gae_lambda"],
             )
-            action = np.array([rng.choice(actions, p=np.exp(row)) for row in logp_all])
-            buf["obs"][t], buf["action"][t] = obs, action
-            buf["logp"][t] = logp_all[np.arange(E), action]
-            buf["value"][t] = values(critic, obs.astype("float32"))
-            obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
-        advantages, returns = gae(
-            buf["reward"],
-            buf["done"],
-            buf["value"],
-            values(critic, obs.astype("float32")),
-            hp["gamma"],
-            hp["gae_lambda"],
-        )
-        flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
-        adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
-        z = np.ones((T * E, 1, 1), "float32")
-        size = T * E // hp["minibatches"]
-        for _ in range(hp["epochs"]):
-            order = rng.permutation(T * E)
-            for i in range(hp["minibatches"]):
-                idx = order[i * size : (i + 1) * size]
-                a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
-                y = np.stack([flat["action"][idx], a, flat["logp"][idx]], -1).astype("float32")
-                actor.train_on_batch(flat["obs"][idx], y)
-                trainer.train_step(flat["obs"][idx], z[idx], ret[idx], np.ones(size, "float32"))
-        report(record, step, start, json_path, log, critic_fit(buf["value"], returns))
+            flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
+            adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
+            z = np.ones((T * E, 1, 1), "float32")
+            size = T * E // hp["minibatches"]
+        with phases("update"):
+            for _ in range(hp["epochs"]):
+                order = rng.permutation(T * E)
+                for i in range(hp["minibatches"]):
+                    idx = order[i * size : (i + 1) * size]
+                    a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
+                    y = np.stack([flat["action"][idx], a, flat["logp"][idx]], -1).astype("float32")
+                    actor.train_on_batch(flat["obs"][idx], y)
+                    metrics = trainer.train_step(flat["obs"][idx], z[idx], ret[idx], np.ones(size, "float32"))
+            keras.ops.convert_to_numpy(metrics["total"])  # the update's last step done (JAX runs it async)
+        with phases("other"):
+            report(record, step, start, json_path, log, critic_fit(buf["value"], returns), phases)
     envs.close()
     return record
 
@@ -264,11 +306,14 @@ def critic_fit(values, returns):
     return [float(explained), float(np.mean(np.abs(symlog(values) - symlog(returns)))), float(bias)]
 
 
-def report(record, step, start, json_path, log, fit=None):
+def report(record, step, start, json_path, log, fit=None, phases=None):
     """After an update: the last 20 episodes' mean return on the log, the critic's `fit` (`critic_fit`) to
-    `record["critic"]`, the record to `json_path`."""
+    `record["critic"]`, the seconds per phase so far (`Phases`) to `record["phases"]`, the record to
+    `json_path`."""
     if fit is not None:
         record.setdefault("critic", []).append([step, *fit])
+    if phases is not None:
+        record["phases"] = dict(phases.seconds)
     recent = [r for _, r in record["episodes"][-20:]]
     log(
         f"{record['env']} {record['head']} x{record['reward_scale']:g} seed {record['seed']} [{record['backend']}]: "

@@ -28,6 +28,7 @@ from multicritic import critic_loss, inverse_symlog  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from keras_agent import (
     HYPERPARAMETERS,
+    Phases,
     critic_fit,
     env_step,
     gae,
@@ -65,45 +66,53 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
         with torch.no_grad():
             return inverse_symlog(fast(latent(obs))[0]).double().numpy()
 
+    phases = Phases()
     start, step, T, E = time.perf_counter(), 0, hp["rollout"], hp["envs"]
     while step < steps:
         buf = rollout_buffer(T, E, obs_size, "int64")
         for t in range(T):
-            with torch.no_grad():
-                dist = torch.distributions.Categorical(logits=actor(torch.as_tensor(obs, dtype=torch.float32)))
-                action = dist.sample()
-            buf["obs"][t], buf["action"][t], buf["logp"][t] = obs, action.numpy(), dist.log_prob(action).numpy()
-            buf["value"][t] = values(obs)
-            obs, step = env_step(envs, action.numpy(), buf, t, reward_scale, record, step)
-        advantages, returns = gae(buf["reward"], buf["done"], buf["value"], values(obs), hp["gamma"], hp["gae_lambda"])
-        flat = {k: torch.as_tensor(v.reshape((T * E,) + v.shape[2:])) for k, v in buf.items()}
-        adv = torch.as_tensor(advantages.reshape(-1), dtype=torch.float32)
-        ret = torch.as_tensor(returns.reshape(-1), dtype=torch.float32)
-        size = T * E // hp["minibatches"]
-        for _ in range(hp["epochs"]):
-            order = torch.as_tensor(rng.permutation(T * E))
-            for i in range(hp["minibatches"]):
-                idx = order[i * size : (i + 1) * size]
-                a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
-                dist = torch.distributions.Categorical(logits=actor(flat["obs"][idx]))
-                ratio = torch.exp(dist.log_prob(flat["action"][idx]) - flat["logp"][idx])
-                surrogate = torch.min(ratio * a, ratio.clamp(1 - hp["clip"], 1 + hp["clip"]) * a)
-                actor_loss = -surrogate.mean() - hp["entropy"] * dist.entropy().mean()
-                actor_opt.zero_grad()
-                actor_loss.backward()
-                nn.utils.clip_grad_norm_(actor.parameters(), 0.5)
-                actor_opt.step()
-                x = latent(flat["obs"][idx])
-                _, logits = fast(x)
+            with phases("act"):
                 with torch.no_grad():
-                    ema_value, _ = slow(x)
-                loss = critic_loss(logits, ret[idx], ema_value, torch.ones(size), **critic.loss_options())["total"]
-                critic_opt.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(fast.parameters(), hp["critic_clip"])
-                critic_opt.step()
-                critic.update_ema()
-        report(record, step, start, json_path, log, critic_fit(buf["value"], returns))
+                    dist = torch.distributions.Categorical(logits=actor(torch.as_tensor(obs, dtype=torch.float32)))
+                    action = dist.sample()
+                buf["obs"][t], buf["action"][t], buf["logp"][t] = obs, action.numpy(), dist.log_prob(action).numpy()
+            with phases("value"):
+                buf["value"][t] = values(obs)
+            with phases("env"):
+                obs, step = env_step(envs, action.numpy(), buf, t, reward_scale, record, step)
+        with phases("other"):
+            last = values(obs)
+            advantages, returns = gae(buf["reward"], buf["done"], buf["value"], last, hp["gamma"], hp["gae_lambda"])
+            flat = {k: torch.as_tensor(v.reshape((T * E,) + v.shape[2:])) for k, v in buf.items()}
+            adv = torch.as_tensor(advantages.reshape(-1), dtype=torch.float32)
+            ret = torch.as_tensor(returns.reshape(-1), dtype=torch.float32)
+            size = T * E // hp["minibatches"]
+        with phases("update"):
+            for _ in range(hp["epochs"]):
+                order = torch.as_tensor(rng.permutation(T * E))
+                for i in range(hp["minibatches"]):
+                    idx = order[i * size : (i + 1) * size]
+                    a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
+                    dist = torch.distributions.Categorical(logits=actor(flat["obs"][idx]))
+                    ratio = torch.exp(dist.log_prob(flat["action"][idx]) - flat["logp"][idx])
+                    surrogate = torch.min(ratio * a, ratio.clamp(1 - hp["clip"], 1 + hp["clip"]) * a)
+                    actor_loss = -surrogate.mean() - hp["entropy"] * dist.entropy().mean()
+                    actor_opt.zero_grad()
+                    actor_loss.backward()
+                    nn.utils.clip_grad_norm_(actor.parameters(), 0.5)
+                    actor_opt.step()
+                    x = latent(flat["obs"][idx])
+                    _, logits = fast(x)
+                    with torch.no_grad():
+                        ema_value, _ = slow(x)
+                    loss = critic_loss(logits, ret[idx], ema_value, torch.ones(size), **critic.loss_options())["total"]
+                    critic_opt.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(fast.parameters(), hp["critic_clip"])
+                    critic_opt.step()
+                    critic.update_ema()
+        with phases("other"):
+            report(record, step, start, json_path, log, critic_fit(buf["value"], returns), phases)
     envs.close()
     return record
 

@@ -162,6 +162,11 @@ class Backend(abc.ABC):
         """`x` cut from any gradient computation it takes part in (`ops.stop_gradient`)."""
         return ops.stop_gradient(x)
 
+    def step_input(self, x: np.ndarray):
+        """A checked float32 host array as a compiled step takes it (`ops.convert_to_tensor`; JAX: the array
+        itself, which `jax.jit` moves to the device in one call)."""
+        return ops.convert_to_tensor(x)
+
     def apply_gradients(self, optimizer, grads: Sequence, variables: Sequence) -> None:
         """The optimizer update, inside a step (assignments through `Variable.assign`)."""
         optimizer.apply(grads, variables)

@@ -20,7 +20,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from keras import StatelessScope
 from keras.src.backend.common.stateless_scope import get_stateless_scope, in_stateless_scope
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from multicritic.backend.compiled_calls import CompiledCalls, host_array_kept
 from multicritic.backend.contract import Backend
 
 
@@ -114,12 +116,57 @@ def _bucket(batch: int) -> int:
     return max(8, 1 << (batch - 1).bit_length())
 
 
+def _compile_call(fn, variables):
+    """`fn` under `jax.jit`, the variables' values passed in (read in a `StatelessScope`, as Keras's own
+    trainer does), so a later assignment is what the next call reads. XLA fuses the pass's ops: its results
+    can differ from the eager pass's in the last bit."""
+
+    # The variables a key's pass reads do not change (quantizing or LoRA change the key): listed once.
+    held = list(variables())
+
+    def pure(values, *inputs):
+        with StatelessScope(state_mapping=list(zip(held, values))):
+            return fn(*inputs)
+
+    jitted = jax.jit(pure)
+    return lambda *inputs: jitted([v.value for v in held], *inputs)
+
+
+_CALLS = CompiledCalls(_compile_call, "_jax_compiled_calls")
+
+
+def _call_signature(inputs):
+    """The inputs' shapes and dtypes where a jitted call gives the eager call's result, else None: concrete
+    arrays (not tracers) or host arrays the eager pass keeps as they are, outside Keras's stateless and
+    symbolic scopes and any distribution (whose layouts the eager pass places)."""
+    if in_stateless_scope() or in_symbolic_scope() or keras.distribution.distribution() is not None:
+        return None
+    signature = []
+    for x in inputs:
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            signature.append((x.shape, str(x.dtype), "jax", x.sharding))
+        elif host_array_kept(x):
+            signature.append((x.shape, x.dtype.name, "host"))
+        else:
+            return None
+    return tuple(signature)
+
+
 class JaxBackend(Backend):
     name = "jax"
+
+    def replay(self, owner, variables, key, fn, inputs):
+        # Eagerly every op is dispatched from Python: each input signature runs jitted.
+        return _CALLS(owner, variables, key, fn, inputs, _call_signature(inputs))
 
     def detached(self, x):
         # A concrete array is in no gradient computation (only tracers are): no op to dispatch.
         return x if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) else super().detached(x)
+
+    def step_input(self, x):
+        # `jnp.asarray` dispatches a primitive per array (~100 µs on a CPU); the jitted step's own transfer of a
+        # host array is one C++ call, and gives the same float32 array.
+        return x
 
     def apply_gradients(self, optimizer, grads, variables):
         """A loss-scale optimizer through `stateless_apply`: its stateful path branches with `ops.cond`, whose

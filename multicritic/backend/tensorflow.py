@@ -16,7 +16,11 @@ import operator
 import numpy as np
 import tensorflow as tf
 
+from keras.src.backend.common.stateless_scope import in_stateless_scope
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
 from multicritic.backend import contract as backend_contract
+from multicritic.backend.compiled_calls import CompiledCalls, host_array_kept
 from multicritic.backend.contract import Backend, StepProgram
 
 
@@ -188,9 +192,39 @@ class _SelectedAssignments:
         return False
 
 
+def _compile_call(fn, variables):
+    """`fn` as a `tf.function` (a plain graph, as the eager ops; it reads the variables themselves, so a later
+    assignment is what the next call reads, and it is differentiable under a `GradientTape`)."""
+    return tf.function(fn, autograph=False)
+
+
+_CALLS = CompiledCalls(_compile_call, "_tf_compiled_calls")
+
+
+def _call_signature(inputs):
+    """The inputs' shapes and dtypes where a graph call gives the eager call's result, else None: eager tensors
+    or host arrays the eager pass keeps as they are, executing eagerly, outside Keras's stateless and symbolic
+    scopes and any `tf.distribute` strategy."""
+    if not tf.executing_eagerly() or in_stateless_scope() or in_symbolic_scope() or tf.distribute.has_strategy():
+        return None
+    signature = []
+    for x in inputs:
+        if isinstance(x, tf.Tensor):
+            signature.append((tuple(x.shape), x.dtype.name, x.device))
+        elif host_array_kept(x):
+            signature.append((x.shape, x.dtype.name, "host"))
+        else:
+            return None
+    return tuple(signature)
+
+
 class TensorFlowBackend(Backend):
     name = "tensorflow"
     concatenates_first_input = True
+
+    def replay(self, owner, variables, key, fn, inputs):
+        # Eagerly every op is dispatched from Python: each input signature runs as a graph.
+        return _CALLS(owner, variables, key, fn, inputs, _call_signature(inputs))
 
     @property
     def lazy_fallbacks(self):

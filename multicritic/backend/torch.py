@@ -23,6 +23,7 @@ from keras.src.backend.torch import core as keras_torch
 
 from multicritic.backend import contract as backend_contract
 from multicritic.backend import torch_replay, torch_step, torch_views
+from multicritic.backend.compiled_calls import host_array_kept
 from multicritic.backend.contract import Backend
 
 
@@ -211,6 +212,9 @@ class TorchBackend(Backend):
         return list(torch.split(x, [int(s) for s in sizes], dim=axis))
 
     def replay(self, owner, variables, key, fn, inputs):
+        # Host arrays the eager pass takes as they are become the tensors it would make of them first
+        # (`ops.convert_to_tensor`, on Keras's device), so that they replay too.
+        inputs = [keras.ops.convert_to_tensor(x) if host_array_kept(x) else x for x in inputs]
         # The critic called as a torch module: parameters swapped by `functional_call` (or parametrized) are
         # what it reads.
         values = torch_views.swapped_values(owner)

@@ -203,7 +203,8 @@ class CriticTrainer(CriticStep):
                 f"loss_weights: got {int((~(host['loss_weights'] >= 0)).sum())} negative value(s), expected "
                 "weights >= 0 (a negative weight turns descent into ascent)."
             )
-        return [x if keras.ops.is_tensor(x) else ops.convert_to_tensor(x) for x in arrays.values()]
+        step_input = backend.current().step_input
+        return [x if keras.ops.is_tensor(x) else step_input(x) for x in arrays.values()]
 
     def _run(self, kind, loss_fn, named, lead_rank, batch_axis, replay=None):
         if not self._lock.acquire(blocking=False):

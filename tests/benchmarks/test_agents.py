@@ -14,8 +14,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytest.importorskip("gymnasium")
 
 
-# The Keras agent on every backend; the PyTorch and JAX users' own agents in their framework's session.
-OWN = {"torch-loop": ("torch", "torch (its own loop)"), "jax-jit": ("jax", "jax (its own jit)")}
+# The Keras agent on every backend; each framework's user's own agent in its framework's session.
+OWN = {
+    "torch-loop": ("torch", "torch (its own loop)"),
+    "jax-jit": ("jax", "jax (its own jit)"),
+    "tf-loop": ("tensorflow", "tensorflow (its own tf.function)"),
+}
 
 
 @pytest.mark.parametrize("agent", ["keras", *OWN])
@@ -171,3 +175,43 @@ def test_a_run_learned_when_its_final_return_beats_its_start():
     # CartPole-like: 20 at the start, 499 at the end.
     assert learned([[100, 20.0], [90_000, 499.0], [99_000, 499.0]], 100_000)
     assert not learned([[90_000, 499.0]], 100_000)  # no episode in the first 10%: no start to beat
+
+
+def test_ppo_cost_driver_times_the_keras_program_beside_the_hand_written_loop(tmp_path):
+    """`benchmarks/agents/ppo_cost.py` runs this backend's two agents back to back and records each run's
+    seconds and phases; the Cost tables render from its file."""
+    sys.path.insert(0, ROOT)
+    from benchmarks.render_tables import RENDERERS
+
+    out = tmp_path / "cost.json"
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "benchmarks", "agents", "ppo_cost.py"),
+        "--backends",
+        BACKEND,
+        "--envs",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--steps",
+        "512",
+        "--json",
+        str(out),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert {run["agent"] for run in results["runs"].values()} == {"keras", "native"}
+    for run in results["runs"].values():
+        assert run["backend"] == BACKEND and run["env"] == "CartPole-v1" and run["seed"] == 1
+        phases = run["phases"]
+        assert set(phases) == {"act", "value", "env", "update", "other"}
+        # The phases are parts of the run: together no more than its seconds, and most of them.
+        assert 0.5 * run["seconds"] < sum(phases.values()) <= run["seconds"] + 1e-6
+    cost = RENDERERS["ppo_cost"]([results])
+    assert len(cost) == 3 and cost[2].startswith(f"| CartPole-v1 | {BACKEND} |")
+    keras_s, native_s = (
+        run["seconds"] for agent in ("keras", "native") for run in results["runs"].values() if run["agent"] == agent
+    )
+    assert f"{keras_s / native_s:.2f} [" in cost[2]
+    assert len(RENDERERS["ppo_cost_phases"]([results])) == 4
