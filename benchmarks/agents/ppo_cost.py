@@ -4,7 +4,7 @@ The same agent (`examples/ppo/keras_agent.py`'s hyperparameters, rollouts, GAE a
 and steps, as a Keras program (`keras_agent.py`: Keras's `predict_on_batch` and `train_on_batch` for the
 actor, `CriticTrainer` for the critic) and as each framework's own code (JAX: `jax_agent.py`, one `jax.jit`
 update with optax; PyTorch: `torch_agent.py`, a `torch.optim` loop over the critic's modules; TensorFlow:
-`tf_agent.py`, XLA-compiled `tf.function`s). Each run is a process of its own, one thread, one at a time;
+`tf_agent.py`, plain-graph `tf.function`s). Each run is a process of its own, one thread, one at a time;
 a backend's two agents run back to back on each task and seed (a block), the pair's order alternating from
 block to block. A run's time is its `seconds` (from building the agent to its last update:
 imports and the interpreter's start are not counted, compilation is), split into the agents' phases

@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # A grid's "backend": a Keras backend running the Keras agent, "torch-loop", the PyTorch user's agent
 # (examples/ppo/torch_agent.py: its own torch.optim loop around the critic's modules), or "jax-jit", the JAX
 # user's (examples/ppo/jax_agent.py: jax.jit and optax over the critic's pure functions), or "tf-loop", the
-# TensorFlow user's (examples/ppo/tf_agent.py: XLA-compiled tf.functions around the critic).
+# TensorFlow user's (examples/ppo/tf_agent.py: plain-graph tf.functions around the critic).
 AGENTS = {
     "torch-loop": ("torch", "torch_agent.py"),
     "jax-jit": ("jax", "jax_agent.py"),

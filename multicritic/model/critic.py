@@ -345,8 +345,8 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
 
     def __call__(self, h, z=None, *args, **kwargs):
         h, z = h_z_pair(h, z)
-        if not args and set(kwargs) <= {"use_ema"} and isinstance(kwargs.get("use_ema", False), bool):
-            use_ema = kwargs.get("use_ema", False)
+        if not args and set(kwargs) <= {"use_ema"} and isinstance(kwargs.get("use_ema", False), (bool, np.bool_)):
+            use_ema = bool(kwargs.get("use_ema", False))  # numpy's bool too: the same pass as Python's
             return backend_lib.current().replay(
                 self,
                 self._variables,
