@@ -51,10 +51,6 @@ Metrics = Dict[str, Any]
 # ways round differently; a switch timed by the clock would move with the machine's load). Short runs (tests,
 # scripts) never switch; docs/performance.md gives the break-even.
 AUTO_COMPILE_AFTER_STEPS = 1000
-# PyTorch under `"auto"`: before that, from a step kind's this-many-th call, the step runs as its traced ATen
-# graph run op by op (traced in about 0.5 s, where inductor's code generation takes 15 s; a two-layer critic's
-# step at batch 128 on a CPU core: 4.3 ms eagerly, 2.5 ms traced, 0.9 ms by inductor).
-AUTO_TRACE_AFTER_STEPS = 8
 
 # The one switch for debugging (`MULTICRITIC_EAGER=1` in the environment, or this set to True): PyTorch's forward
 # passes run the Keras ops instead of replaying a traced graph, and its train steps stay eager whatever

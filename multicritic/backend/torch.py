@@ -119,9 +119,8 @@ class TrainFunction:
     graph.
 
     `jit_compile`: True compiles at the first call; False never; `"auto"`
-    traces the step's ATen graph at the `multicritic.backend.contract.AUTO_TRACE_AFTER_STEPS`-th call
-    and compiles it by `COMPILER` at the `AUTO_COMPILE_AFTER_STEPS`-th, falling back to eager (with a
-    warning) if either fails, and not under a loss-scale optimizer
+    at the `multicritic.backend.contract.AUTO_COMPILE_AFTER_STEPS`-th call, falling back to eager (with a
+    warning) if compilation fails, and not under a loss-scale optimizer
     (Keras's branches on the host). Data-parallel steps keep the loss eager
     (DDP's reducer hooks into autograd) and compile the update when asked.
     """
@@ -133,35 +132,26 @@ class TrainFunction:
         self.program = program
         self.distributed = distributed
         self.eager_steps = 0
-        self.steps = 0
         self.compiled = None  # a WholeStep once compiled
-        self.compiler = None  # its compiler
         self._apply = program.apply
         if distributed and program.jit_compile is True:
             self._apply = torch.compile(program.apply)
 
-    def _wanted_compiler(self):
-        """The compiler this call's step should run by (None: eagerly)."""
+    def _want_compiled(self):
         mode = self.program.jit_compile
         if self.distributed or mode is False or backend_contract.EAGER:
-            return None
-        if mode is True:
-            return COMPILER
-        if self.program.loss_scaled:
-            return None  # Keras's loss-scale optimizer branches on the host: its update cannot be one graph
-        if self.steps >= backend_contract.AUTO_COMPILE_AFTER_STEPS:
-            return COMPILER
-        return "aten" if self.steps >= backend_contract.AUTO_TRACE_AFTER_STEPS else None
+            return False
+        if mode == "auto" and self.program.loss_scaled:
+            return False  # Keras's loss-scale optimizer branches on the host: its update cannot be one graph
+        return mode is True or self.eager_steps >= backend_contract.AUTO_COMPILE_AFTER_STEPS
 
     def _eager(self, batch):
         self.eager_steps += 1
         return self.backend.train_step(self.program, batch, self._apply, self.distributed)
 
     def __call__(self, *batch):
-        compiler = self._wanted_compiler()
-        self.steps += 1
-        if compiler is not None and compiler != self.compiler:
-            self.compiled, self.compiler = torch_step.WholeStep(self.program, compiler), compiler
+        if self.compiled is None and self._want_compiled():
+            self.compiled = torch_step.WholeStep(self.program, COMPILER)
         if self.compiled is None:
             return self._eager(batch)
         try:
@@ -172,7 +162,7 @@ class TrainFunction:
             warnings.warn(
                 f"multicritic: compiling the train step failed; it runs eagerly. {err}", RuntimeWarning, stacklevel=2
             )
-            self.compiled = self.compiler = None
+            self.compiled = None
             self.program = dataclasses.replace(self.program, jit_compile=False)
             # A failed compilation assigned nothing: the step is retried eagerly.
             return self._eager(batch)

@@ -187,39 +187,6 @@ def test_auto_runs_eagerly_then_compiles_at_a_fixed_step(monkeypatch, aot_eager)
     assert fn.compiled is not None and fn.eager_steps == 3
 
 
-def test_auto_traces_the_step_early_and_compiles_it_later(monkeypatch):
-    """`"auto"`: eager, then the traced ATen graph from `AUTO_TRACE_AFTER_STEPS` (cheap to make), then the
-    configured compiler's from `AUTO_COMPILE_AFTER_STEPS`, each switch at a fixed step; the traced graph's
-    steps give the eager steps' numbers."""
-    made = []
-
-    class Recording(torch_step.WholeStep):
-        def __init__(self, program, compiler):
-            made.append(compiler)
-            super().__init__(program, "aten")  # the later one stands in for inductor: no code generation
-
-    monkeypatch.setattr(backend_contract, "AUTO_TRACE_AFTER_STEPS", 2)
-    monkeypatch.setattr(backend_contract, "AUTO_COMPILE_AFTER_STEPS", 4)
-    monkeypatch.setattr(torch_backend, "COMPILER", "inductor")
-    monkeypatch.setattr(torch_step, "WholeStep", Recording)
-    data = batches(make_critic("single"), 6)["direct"]
-    reference = CriticTrainer(make_critic("single"), jit_compile=False)
-    want = run_steps(reference, "direct", data)
-    trainer = CriticTrainer(make_critic("single"), jit_compile="auto")
-    got = []
-    for i, args in enumerate(data):
-        got.append(run_steps(trainer, "direct", [args])[0])
-        fn = trainer._compiled["direct"]
-        assert fn.compiler == (None if i < 2 else "aten" if i < 4 else "inductor"), i
-    assert made == ["aten", "inductor"] and fn.eager_steps == 2
-    for step, (g, w) in enumerate(zip(got, want)):
-        assert g.keys() == w.keys()
-        for k in w:
-            np.testing.assert_allclose(g[k], w[k], rtol=1e-5, atol=1e-7, err_msg=f"step {step}, {k}")
-    for a, b in zip(state_of(reference), state_of(trainer)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-
-
 def test_auto_falls_back_to_eager_when_compilation_fails(monkeypatch, aot_eager):
     def broken(self, values, batch):
         raise RuntimeError("no compiler here")
