@@ -630,6 +630,52 @@ def sheeprl_dreamer(files):
     ]
 
 
+@table("official_dreamer")
+def official_dreamer(files):
+    """The official DreamerV3 per critic: return at budgets (as `sheeprl_dreamer`, each run's halves joined at the
+    step its second half restored), and for each swap, per seed, how many of the run's first episodes are the
+    stock run's (same step, same return) of how many."""
+    from benchmarks.agents.plot_curves import final_return, joined, leading_equal
+
+    results = files[0]
+    steps = results["steps"]
+    budgets = [steps // 4, steps // 2, 3 * steps // 4, steps]
+    done = {key: joined(halves) for key, halves in results["runs"].items() if len(halves) == 2}
+    per_variant = {}
+    for key, episodes in done.items():
+        variant, seed = key.split("/")
+        row = per_variant.setdefault(variant, {"budgets": [[] for _ in budgets], "wall": [], "cpu": [], "same": []})
+        for i, budget in enumerate(budgets):
+            row["budgets"][i].append(final_return([e for e in episodes if e[0] <= budget], budget, 0.125))
+        row["wall"].append(sum(h["wall_s"] for h in results["runs"][key]))
+        row["cpu"].append(sum(h["cpu_s"] for h in results["runs"][key]))
+        stock = done.get(f"stock/{seed}")
+        if variant != "stock" and stock is not None:
+            row["same"].append(f"{leading_equal(episodes, stock)} / {len(stock)}")
+    lines = [
+        "| critic | seeds | "
+        + " | ".join(f"return @ {b}" for b in budgets)
+        + " | first episodes as stock's | wall s / run | CPU s / run |",
+        "|---|---:|" + "---:|" * len(budgets) + "---|---:|---:|",
+    ]
+    for variant, row in per_variant.items():
+        cells = " | ".join(_seeds(v) for v in row["budgets"])
+        same = ", ".join(row["same"]) or "–"
+        lines.append(
+            f"| {variant} | {len(row['wall'])} | {cells} | {same} | {np.mean(row['wall']):.0f} | "
+            f"{np.mean(row['cpu']):.0f} |"
+        )
+    resumed = "its end" if results.get("final_save") else "the official loop's last timed save"
+    return lines + [
+        "",
+        f"{results['env']}, {steps} environment steps per run, resumed from the official checkpoint of the first "
+        f"half ({steps // 2} steps) at {resumed}. A return @ N is each seed's mean return over the episodes that end "
+        f"in the last eighth of the first N steps (after {7 * budgets[0] // 8} and by {budgets[0]} for the first "
+        "column), then the mean over seeds [min, max]. First episodes as stock's: per seed, how many of the run's "
+        "first episodes end at the stock run's step with its return, of the stock run's episodes.",
+    ]
+
+
 @table("member_spread")
 def member_spread(files):
     """Ensembles on the demo: members' spread against the aggregate's error (correlation across states)."""

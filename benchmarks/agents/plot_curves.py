@@ -2,11 +2,15 @@
 
 `sheeprl`: `benchmarks/agents/sheeprl_dreamer.py`'s JSON, one curve per critic (mean over seeds of the
 episodes' returns, binned by environment steps, with the seeds' min-max band), the resume marked.
+`official`: `benchmarks/agents/official_dreamer.py`'s JSON, the same (the first half's episodes up to the step the
+second half restored).
 `ppo`: `benchmarks/agents/ppo_scales.py`'s JSON, one panel per task and head, one curve per reward scale
 (returns in the environment's own units), each backend a line style.
 
     python benchmarks/agents/plot_curves.py sheeprl benchmarks/results/results_sheeprl_dreamer.json \\
         docs/images/agents_sheeprl_dreamer.png
+    python benchmarks/agents/plot_curves.py official benchmarks/results/results_official_dreamer.json \\
+        docs/images/agents_official_dreamer.png
     python benchmarks/agents/plot_curves.py ppo benchmarks/results/results_ppo_scales.json \\
         docs/images/agents_ppo_scales.png
 """
@@ -83,6 +87,25 @@ def ranges_overlap(per_scale):
     return all(min(per_scale[a]) <= max(per_scale[b]) for a in per_scale for b in per_scale)
 
 
+def joined(halves):
+    """A run's episodes, both halves joined: the first half's up to the step the second half resumed from
+    (`restored_step`, where the driver records one: the official loop redoes the steps after its last save),
+    then the second half's."""
+    restored = halves[1].get("restored_step") if len(halves) > 1 else None
+    first = [e for e in halves[0]["episodes"] if restored is None or e[0] <= restored]
+    return first + [e for half in halves[1:] for e in half["episodes"]]
+
+
+def leading_equal(episodes, reference):
+    """How many of a run's first episodes end at the same step with the same return as `reference`'s."""
+    count = 0
+    for mine, theirs in zip(episodes, reference):
+        if list(mine) != list(theirs):
+            break
+        count += 1
+    return count
+
+
 def sheeprl_curves(results, bins=16):
     """`{variant: (steps, mean over seeds, min, max, seeds)}` from the driver's runs (both halves joined)."""
     steps, per_variant = results["steps"], {}
@@ -90,7 +113,7 @@ def sheeprl_curves(results, bins=16):
         if len(halves) < 2:
             continue  # a run still going: its seed joins the curve when it has both halves
         variant, _ = key.split("/")
-        episodes = [e for half in halves for e in half["episodes"]]
+        episodes = joined(halves)
         per_variant.setdefault(variant, []).append(binned(episodes, steps, bins)[1])
     edges = binned([], steps, bins)[0]
     with warnings.catch_warnings():  # a span where no seed ended an episode stays NaN (a gap in the curve)
@@ -98,7 +121,7 @@ def sheeprl_curves(results, bins=16):
         return {v: (edges, np.nanmean(c, 0), np.nanmin(c, 0), np.nanmax(c, 0), len(c)) for v, c in per_variant.items()}
 
 
-def plot_sheeprl(results, path):
+def plot_sheeprl(results, path, resume="resume (sheeprl's checkpoint)", title="sheeprl DreamerV3"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,13 +131,18 @@ def plot_sheeprl(results, path):
     for variant, (x, mean, low, high, seeds) in sheeprl_curves(results).items():
         (line,) = ax.plot(x, mean, label=f"{variant} ({seeds} seed{'s' * (seeds > 1)})")
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
-    ax.axvline(results["steps"] / 2, color="gray", linestyle=":", label="resume (sheeprl's checkpoint)")
+    ax.axvline(results["steps"] / 2, color="gray", linestyle=":", label=resume)
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
-    ax.set_title(f"sheeprl DreamerV3 on {results['env']}: its critic and multicritic's")
+    ax.set_title(f"{title} on {results['env']}: its critic and multicritic's")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot_official(results, path):
+    """The official DreamerV3's curves (`official_dreamer.py`), drawn as sheeprl's."""
+    plot_sheeprl(results, path, resume="resume (the official checkpoint)", title="The official DreamerV3 (JAX)")
 
 
 # A line style per backend of the grid (five agents), dashes as matplotlib takes them.
@@ -168,13 +196,14 @@ def plot_ppo(results, path, bins=20):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=("sheeprl", "ppo"))
+    plots = {"sheeprl": plot_sheeprl, "official": plot_official, "ppo": plot_ppo}
+    parser.add_argument("kind", choices=tuple(plots))
     parser.add_argument("results")
     parser.add_argument("png")
     args = parser.parse_args(argv)
     with open(args.results) as f:
         results = json.load(f)
-    (plot_sheeprl if args.kind == "sheeprl" else plot_ppo)(results, args.png)
+    plots[args.kind](results, args.png)
 
 
 if __name__ == "__main__":
