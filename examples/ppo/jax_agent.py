@@ -31,10 +31,11 @@ from keras_agent import (
     Phases,
     critic_fit,
     env_step,
-    gae,
     main,
+    minibatches,
     report,
-    rollout_buffer,  # noqa: E402
+    rollout_buffer,
+    rollout_targets,  # noqa: E402
     start_run,
     value_network,
 )
@@ -118,29 +119,22 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
             with phases("env"):
                 obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
         with phases("other"):
-            last = np.asarray(values(fast, ema, jnp.asarray(obs, jnp.float32)))
-            advantages, returns = gae(buf["reward"], buf["done"], buf["value"], last, hp["gamma"], hp["gae_lambda"])
-            flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
-            adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
-            size = T * E // hp["minibatches"]
+            flat, adv, ret, returns = rollout_targets(buf, np.asarray(values(fast, ema, jnp.asarray(obs, jnp.float32))))
         with phases("update"):
-            for _ in range(hp["epochs"]):
-                order = rng.permutation(T * E)
-                for i in range(hp["minibatches"]):
-                    idx = order[i * size : (i + 1) * size]
-                    a = ((adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)).astype("float32")
-                    actor, actor_state, fast, ema, critic_state = update(
-                        actor,
-                        actor_state,
-                        fast,
-                        ema,
-                        critic_state,
-                        flat["obs"][idx],
-                        flat["action"][idx],
-                        flat["logp"][idx],
-                        a,
-                        ret[idx],
-                    )
+            for idx, a in minibatches(adv, rng):
+                a = a.astype("float32")
+                actor, actor_state, fast, ema, critic_state = update(
+                    actor,
+                    actor_state,
+                    fast,
+                    ema,
+                    critic_state,
+                    flat["obs"][idx],
+                    flat["action"][idx],
+                    flat["logp"][idx],
+                    a,
+                    ret[idx],
+                )
             jax.block_until_ready(fast)  # the update's last step done (it runs async)
         with phases("other"):
             report(record, step, start, json_path, log, critic_fit(buf["value"], returns), phases)

@@ -238,6 +238,30 @@ def gae(rewards, dones, value, last_value, gamma, lam):
     return advantages, advantages + value
 
 
+def rollout_targets(buf, last_value):
+    """An update's data from a rollout `buf` (`rollout_buffer`) and the critic's values of the observations
+    after it: `(flat, advantages, returns)`, with `flat` the rollout's arrays as `[T * E, ...]`, the GAE
+    advantages `[T * E]` and the returns `[T * E]` (float32: the critic's targets), and the returns `[T, E]`."""
+    hp = HYPERPARAMETERS
+    advantages, returns = gae(buf["reward"], buf["done"], buf["value"], last_value, hp["gamma"], hp["gae_lambda"])
+    rows = advantages.size
+    flat = {k: v.reshape((rows,) + v.shape[2:]) for k, v in buf.items()}
+    return flat, advantages.reshape(-1), returns.reshape(-1).astype("float32"), returns
+
+
+def minibatches(advantages, rng):
+    """An update's minibatches, `HYPERPARAMETERS["epochs"]` shuffled passes of `["minibatches"]` each:
+    `(indices, advantages normalised over the minibatch)`."""
+    hp = HYPERPARAMETERS
+    size = len(advantages) // hp["minibatches"]
+    for _ in range(hp["epochs"]):
+        order = rng.permutation(len(advantages))
+        for i in range(hp["minibatches"]):
+            idx = order[i * size : (i + 1) * size]
+            a = advantages[idx]
+            yield idx, (a - a.mean()) / (a.std() + 1e-8)
+
+
 def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     """Runs PPO; returns `{"episodes": [[env step, return], ...], "seconds": ...}` (returns unscaled)."""
     hp = HYPERPARAMETERS
@@ -267,27 +291,13 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
             with phases("env"):
                 obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
         with phases("other"):
-            advantages, returns = gae(
-                buf["reward"],
-                buf["done"],
-                buf["value"],
-                values(critic, obs.astype("float32")),
-                hp["gamma"],
-                hp["gae_lambda"],
-            )
-            flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
-            adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
+            flat, adv, ret, returns = rollout_targets(buf, values(critic, obs.astype("float32")))
             z = np.ones((T * E, 1, 1), "float32")
-            size = T * E // hp["minibatches"]
         with phases("update"):
-            for _ in range(hp["epochs"]):
-                order = rng.permutation(T * E)
-                for i in range(hp["minibatches"]):
-                    idx = order[i * size : (i + 1) * size]
-                    a = (adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)
-                    y = np.stack([flat["action"][idx], a, flat["logp"][idx]], -1).astype("float32")
-                    actor.train_on_batch(flat["obs"][idx], y)
-                    metrics = trainer.train_step(flat["obs"][idx], z[idx], ret[idx], np.ones(size, "float32"))
+            for idx, a in minibatches(adv, rng):
+                y = np.stack([flat["action"][idx], a, flat["logp"][idx]], -1).astype("float32")
+                actor.train_on_batch(flat["obs"][idx], y)
+                metrics = trainer.train_step(flat["obs"][idx], z[idx], ret[idx], np.ones(len(idx), "float32"))
             keras.ops.convert_to_numpy(metrics["total"])  # the update's last step done (JAX runs it async)
         with phases("other"):
             report(record, step, start, json_path, log, critic_fit(buf["value"], returns), phases)

@@ -34,10 +34,11 @@ from keras_agent import (  # noqa: E402
     Phases,
     critic_fit,
     env_step,
-    gae,
     main,
+    minibatches,
     report,
     rollout_buffer,
+    rollout_targets,
     start_run,
     value_network,
 )
@@ -124,18 +125,11 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
             with phases("env"):
                 obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
         with phases("other"):
-            last = values(tf.constant(obs, tf.float32)).numpy()
-            advantages, returns = gae(buf["reward"], buf["done"], buf["value"], last, hp["gamma"], hp["gae_lambda"])
-            flat = {k: v.reshape((T * E,) + v.shape[2:]) for k, v in buf.items()}
-            adv, ret = advantages.reshape(-1), returns.reshape(-1).astype("float32")
-            size = T * E // hp["minibatches"]
+            flat, adv, ret, returns = rollout_targets(buf, values(tf.constant(obs, tf.float32)).numpy())
         with phases("update"):
-            for _ in range(hp["epochs"]):
-                order = rng.permutation(T * E)
-                for i in range(hp["minibatches"]):
-                    idx = order[i * size : (i + 1) * size]
-                    a = ((adv[idx] - adv[idx].mean()) / (adv[idx].std() + 1e-8)).astype("float32")
-                    loss = update(flat["obs"][idx], flat["action"][idx], flat["logp"][idx], a, ret[idx])
+            for idx, a in minibatches(adv, rng):
+                a = a.astype("float32")
+                loss = update(flat["obs"][idx], flat["action"][idx], flat["logp"][idx], a, ret[idx])
             loss.numpy()
         with phases("other"):
             report(record, step, start, json_path, log, critic_fit(buf["value"], returns), phases)
