@@ -29,6 +29,7 @@ from multicritic.layers.mlp import MLP  # noqa: E402
 from multicritic.heads.two_hot import RewardPredictorLayer  # noqa: E402
 from multicritic.math.losses import critic_loss  # noqa: E402
 from multicritic.model.multi_critic import MultiCritic  # noqa: E402
+from multicritic.model.compiled_forward import CompiledForward  # noqa: E402
 from multicritic.model.normalizer import ReturnNormalizer  # noqa: E402
 from multicritic.training.optimizers import LaProp, LinearWarmup  # noqa: E402
 from multicritic import interop  # noqa: E402
@@ -40,6 +41,7 @@ from multicritic.training.trainer import CriticTrainer  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
+    "CompiledForward",
     "CriticNetwork",
     "CriticTrainer",
     "HLGaussHead",

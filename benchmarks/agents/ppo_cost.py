@@ -1,8 +1,9 @@
 """What a PPO run costs as a Keras program against the fastest hand-written loop of the same backend.
 
 The same agent (`examples/ppo/keras_agent.py`'s hyperparameters, rollouts, GAE and critic), the same head
-and steps, as a Keras program (`keras_agent.py`: Keras's `predict_on_batch` and `train_on_batch` for the
-actor, `CriticTrainer` for the critic) and as each framework's own code (JAX: `jax_agent.py`, one `jax.jit`
+and steps, as a Keras program (`keras_agent.py`: the actor and the critic as one Keras model through
+`multicritic.CompiledForward` to act, Keras's `train_on_batch` for the actor, `CriticTrainer` for the
+critic) and as each framework's own code (JAX: `jax_agent.py`, one `jax.jit`
 update with optax; PyTorch: `torch_agent.py`, a `torch.optim` loop over the critic's modules; TensorFlow:
 `tf_agent.py`, plain-graph `tf.function`s). Each run is a process of its own, one thread, one at a time;
 a backend's two agents run back to back on each task and seed (a block), the pair's order alternating from

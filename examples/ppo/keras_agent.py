@@ -14,10 +14,12 @@ constant one-hot `z` of one class.
 The actor is a Keras model trained with `train_on_batch` (its PPO loss in
 `keras.ops`), the critic a multicritic trainer step: the same program runs
 on TensorFlow, PyTorch and JAX (`KERAS_BACKEND`). Per environment step it
-calls `actor.predict_on_batch` (Keras's compiled predict step; calling the
-model eagerly dispatches every op from Python) and the critic itself
-(`critic(h, z)`: compiled from a signature's second call on JAX and
-TensorFlow, replayed on PyTorch).
+makes one call: the actor and the critic as one Keras model with two
+outputs (`acting_model`), called through `multicritic.CompiledForward`,
+which compiles it per input signature (`jax.jit` on JAX, a concrete
+function on TensorFlow, a replayed ATen graph on PyTorch) where calling a
+Keras model eagerly, or through `predict_on_batch`, runs its layers one by
+one from Python.
 
     KERAS_BACKEND=jax python examples/ppo/keras_agent.py --env CartPole-v1 --head two_hot \\
         --reward-scale 1000 --steps 100000 --seed 1 --json run.json
@@ -40,7 +42,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multicritic import CriticNetwork, CriticTrainer
+from multicritic import CompiledForward, CriticNetwork, CriticTrainer
 from multicritic.heads import SUPPORT
 
 # One set of hyperparameters for every task, scale and head: CleanRL's PPO for classic control, but the
@@ -166,13 +168,28 @@ def sample(logp, rng):
     return (cdf <= rng.random(len(logp))[:, None]).sum(-1)
 
 
-def values(critic, obs):
-    """The critic's real-space values of observations `[N, obs]` (symexp on the host: the values are needed
-    there, and eagerly each op on a tensor is a dispatch of its own)."""
-    z = np.ones((obs.shape[0], 1, 1), "float32")
-    value_symlog, _ = critic(obs, z)
+def real_values(value_symlog):
+    """Real-space values from the critic's symlog ones (symexp on the host, in float64: the values are needed
+    there)."""
     value_symlog = np.asarray(keras.ops.convert_to_numpy(value_symlog), "float64")
     return np.sign(value_symlog) * np.expm1(np.abs(value_symlog))
+
+
+def values(critic, obs):
+    """The critic's real-space values of observations `[N, obs]`."""
+    value_symlog, _ = critic(obs, np.ones((obs.shape[0], 1, 1), "float32"))
+    return real_values(value_symlog)
+
+
+def acting_model(actor, critic, obs_size):
+    """The actor and the critic as one Keras model, `obs [N, obs] -> (logits [N, actions], symlog value
+    [N])`, as Keras's own actor-critic example builds its agent: called through `CompiledForward`, each
+    environment step is one compiled call where two models were two (on TensorFlow a call costs about 0.3
+    ms whatever it computes)."""
+    obs = keras.Input((obs_size,))
+    z = ops.expand_dims(ops.ones_like(obs[:, :1]), -1)  # the constant one-hot `z`, `[N, 1, 1]`
+    value_symlog, _ = critic(obs, z)
+    return keras.Model(obs, (actor(obs), value_symlog))
 
 
 def start_run(env_id, head, reward_scale, steps, seed, backend):
@@ -269,6 +286,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     envs, obs, obs_size, actions, record = start_run(env_id, head, reward_scale, steps, seed, keras.backend.backend())
     actor = make_actor(obs_size, actions, hp["units"])
     critic, trainer = make_critic(obs_size, head, hp["units"], seed)
+    act = CompiledForward(acting_model(actor, critic, obs_size))  # compiled, as the critic's own calls are
     rng = np.random.default_rng(seed)
     phases = Phases()
     start, step = time.perf_counter(), 0
@@ -276,8 +294,9 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     while step < steps:
         buf = rollout_buffer(T, E, obs_size, "int64")
         for t in range(T):
-            with phases("act"):
-                logits = np.asarray(actor.predict_on_batch(obs.astype("float32")), "float64")
+            with phases("act"):  # the actor's logits and the critic's value, in one call
+                logits, value_symlog = act(obs.astype("float32"))
+                logits = np.asarray(ops.convert_to_numpy(logits), "float64")
                 logp_all = (
                     logits
                     - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
@@ -286,8 +305,7 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
                 action = sample(logp_all, rng)
                 buf["obs"][t], buf["action"][t] = obs, action
                 buf["logp"][t] = logp_all[np.arange(E), action]
-            with phases("value"):
-                buf["value"][t] = values(critic, obs.astype("float32"))
+                buf["value"][t] = real_values(value_symlog)
             with phases("env"):
                 obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
         with phases("other"):

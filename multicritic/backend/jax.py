@@ -123,13 +123,33 @@ def _compile_call(fn, variables):
 
     # The variables a key's pass reads do not change (quantizing or LoRA change the key): listed once.
     held = list(variables())
+    eager = []
 
     def pure(values, *inputs):
-        with StatelessScope(state_mapping=list(zip(held, values))):
-            return fn(*inputs)
+        with StatelessScope(state_mapping=list(zip(held, values))) as scope:
+            start = dict(scope.state_mapping)
+            out = fn(*inputs)
+        # A pass that assigns a variable (a random layer's seed) would lose the assignment in the scope: such a
+        # pass runs eagerly, as it is written.
+        if scope.state_mapping.keys() != start.keys() or any(scope.state_mapping[k] is not v for k, v in start.items()):
+            raise _Assigns
+        return out
 
     jitted = jax.jit(pure)
-    return lambda *inputs: jitted([v.value for v in held], *inputs)
+
+    def call(*inputs):
+        if not eager:
+            try:
+                return jitted([v.value for v in held], *inputs)
+            except _Assigns:
+                eager.append(True)
+        return fn(*inputs)
+
+    return call
+
+
+class _Assigns(Exception):
+    """A compiled call's pass assigned a variable (raised while it is traced)."""
 
 
 _CALLS = CompiledCalls(_compile_call, "_jax_compiled_calls")

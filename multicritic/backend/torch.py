@@ -217,7 +217,7 @@ class TorchBackend(Backend):
         inputs = [keras.ops.convert_to_tensor(x) if host_array_kept(x) else x for x in inputs]
         # The critic called as a torch module: parameters swapped by `functional_call` (or parametrized) are
         # what it reads.
-        values = torch_views.swapped_values(owner)
+        values = torch_views.swapped_values(owner, key)
         return torch_replay.replay(owner, variables, (key, torch_views.layout_epoch(owner)), fn, inputs, values)
 
     def device_scope(self, x):
@@ -352,7 +352,13 @@ class TorchBackend(Backend):
 
     def forward_function(self, critic):
         if not _distributed():
-            return None
+            if not hasattr(critic, "forward_signature"):
+                return None
+            # An eager step's forward passes replay the critic's traced graph (`torch_replay`: the same
+            # kernels in the same order, so the same values and the same autograd record) instead of
+            # dispatching each Keras op from Python, about half of a small critic's eager step. Where a call
+            # cannot replay (a traced step, a scope, a transform) the critic runs its Keras ops.
+            return lambda h, z, use_ema=False: critic(h, z, use_ema=use_ema)
         ddp = torch.nn.parallel.DistributedDataParallel(critic, **_NO_BUFFER_SYNC)
 
         def forward(h, z, use_ema=False):

@@ -210,8 +210,13 @@ def _trace(variables, fn, inputs, reference, values=None):
     n = len(tensors)
 
     def pure(*args):
-        with keras.StatelessScope(state_mapping=list(zip(variables, args[:n]))):
+        with keras.StatelessScope(state_mapping=list(zip(variables, args[:n]))) as scope:
+            start = dict(scope.state_mapping)
             out = fn(*args[n:])
+        # An assignment (a counter, a random layer's seed) is recorded in the scope, not traced: a replay would
+        # leave it out, so such a pass runs eagerly.
+        if scope.state_mapping.keys() != start.keys() or any(scope.state_mapping[k] is not v for k, v in start.items()):
+            raise ValueError("the pass assigns a variable")
         return list(out) if isinstance(out, tuple) else out
 
     examples = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) for x in inputs]
@@ -220,10 +225,14 @@ def _trace(variables, fn, inputs, reference, values=None):
     def fx():
         with torch.inference_mode(False), torch.enable_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return make_fx(pure, tracing_mode="fake")(*tensors, *examples)
+            with torch_step.TRACE_LOCK:
+                return make_fx(pure, tracing_mode="fake")(*tensors, *examples)
 
     try:
-        run, run_no_grad, source = _straight_line(fx())
+        gm = fx()
+        if _assigns(gm):  # replaying it (and checking the replay) would assign again: eager, every call
+            return _UNTRACEABLE
+        run, run_no_grad, source = _straight_line(gm)
         graph = _Graph(run, run_no_grad, source, tensors, "tuple" if isinstance(reference, tuple) else None)
         if values is None and tensors:
             graph.layouts = (tensors[0].dtype, tensors[0].device)
@@ -255,6 +264,37 @@ def _add_unguarded(graph, fx, args, reference):
         return
     if all(got is not None and _same(got, reference) for got in runs):
         graph.unguarded, graph.unguarded_no_grad, graph.unguarded_source = run, run_no_grad, source
+
+
+def _assigns(gm) -> bool:
+    """Whether the traced pass writes into one of its inputs (a variable's assignment, an in-place op on an
+    input): an op whose schema marks an argument as written."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for arg, value in zip(node.target._schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and _from_input(value):
+                return True
+    return False
+
+
+def _from_input(node) -> bool:
+    """Whether `node` is a graph input or a view of one (what an in-place op on it writes into)."""
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target
+        in _VIEWS
+        + (
+            torch.ops.aten.t.default,
+            torch.ops.aten.transpose.int,
+            torch.ops.aten.slice.Tensor,
+            torch.ops.aten.select.int,
+            torch.ops.aten.expand.default,
+        )
+    ):
+        node = node.args[0]
+    return isinstance(node, torch.fx.Node) and node.op == "placeholder"
 
 
 def _same(got, reference) -> bool:

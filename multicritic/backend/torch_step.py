@@ -26,6 +26,7 @@ Reference:
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Callable, Dict, List, Sequence
 
@@ -37,6 +38,11 @@ from torch._guards import tracing as tracing_context
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+# One `make_fx` trace at a time in this process: FX keeps "a trace is running" in a process-wide flag that each
+# trace sets and restores, so two threads' overlapping traces can leave it set, after which every
+# `torch.compile`d call raises ("FX to symbolically trace a dynamo-optimized function").
+TRACE_LOCK = threading.RLock()
 
 # Distinct batch signatures compiled per step kind; past this many a new one runs eagerly (a caller whose
 # shapes never repeat would otherwise compile at every call).
@@ -106,7 +112,8 @@ class WholeStep:
         try:
             with torch.enable_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                gm = make_fx(self._pure, tracing_mode="fake")(*examples, *batch)
+                with TRACE_LOCK:
+                    gm = make_fx(self._pure, tracing_mode="fake")(*examples, *batch)
         except AssertionError as err:
             if "FakeTensor" not in str(err):
                 raise

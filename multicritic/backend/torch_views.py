@@ -69,11 +69,12 @@ def _new_layout(critic) -> None:
     critic.__dict__["_torch_layout_epoch"] = layout_epoch(critic) + 1
 
 
-def _critic_slots(critic):
+def _critic_slots(critic, key=None):
     """`([(holder, leaf)], [stored tensor])`: where `critic.named_parameters()` holds each of `critic.weights`
     (Keras's per-layer `ParameterDict`s), in that order, and the tensor each variable stores; cached on the
-    critic per forward signature (which `quantize` and LoRA, the only ways to add variables, change)."""
-    signature = critic.forward_signature()
+    critic per forward signature (which `quantize` and LoRA, the only ways to add variables, change). Another
+    Keras model (`multicritic.CompiledForward`'s) has its replay's `key` for that signature."""
+    signature = critic.forward_signature() if hasattr(critic, "forward_signature") else key
     cached = critic.__dict__.get("_torch_slots")
     if cached is not None and cached[0] == signature:
         return cached[1]
@@ -91,7 +92,7 @@ def _critic_slots(critic):
     return slots, stored
 
 
-def swapped_values(critic):
+def swapped_values(critic, key=None):
     """What the critic, called as a torch module, reads in place of its variables' own tensors (in the order of
     `critic.weights`): None in the usual case; the parameters as read through the module where
     `torch.func.functional_call` swapped one or a parametrization computes one (as a `torch.nn.Linear` reads
@@ -99,7 +100,7 @@ def swapped_values(critic):
     if in_stateless_scope() or torch.compiler.is_dynamo_compiling():
         # A caller's scope (a view's call, a traced step) says what the variables hold; dynamo runs the ops.
         return None
-    slots, stored = _critic_slots(critic)
+    slots, stored = _critic_slots(critic, key)
     if slots is None:
         return None
     read = []

@@ -499,7 +499,7 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         mlp, head = (self.mlp_ema, self.return_layer_ema) if use_ema else (self.mlp, self.return_layer)
         return call_layer(head, call_layer(mlp, x))
 
-    def compute_output_shape(self, h_shape, z_shape, use_ema=False):
+    def compute_output_shape(self, h_shape, z_shape=None):
         lead = (h_shape[0],) if self.ensemble_size == 1 else (self.ensemble_size, h_shape[0])
         return lead, lead + (self.return_layer.units,)
 

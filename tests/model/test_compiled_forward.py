@@ -1,0 +1,220 @@
+"""`CompiledForward`: a host's actor called as the critic is, compiled per input signature, giving what
+`model(*inputs, training=False)` gives (bit for bit on PyTorch, to float32 rounding where XLA or grappler fuse),
+reading the variables' current values, keyed on what changes the ops, and eager wherever it might not match."""
+
+import keras
+import numpy as np
+import pytest
+
+from multicritic import CompiledForward
+from tests.conftest import BACKEND, to_np
+
+CACHE = {"jax": "_jax_compiled_calls", "tensorflow": "_tf_compiled_calls"}.get(BACKEND)
+
+
+def _actor(seed=0, units=16):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5,))
+    x = keras.layers.Dense(units, activation="tanh")(inputs)
+    x = keras.layers.Dense(units, activation="tanh")(x)
+    return keras.Model(inputs, keras.layers.Dense(3)(x))
+
+
+def _obs(rows=4, seed=1, dtype="float32"):
+    return np.random.default_rng(seed).normal(size=(rows, 5)).astype(dtype)
+
+
+def _close(got, want):
+    got, want = to_np(got), to_np(want)
+    if BACKEND == "torch":
+        np.testing.assert_array_equal(got, want)  # the same kernels in the same order
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)  # fused by XLA / grappler
+
+
+def _compiled_count(model):
+    if BACKEND == "torch":
+        from multicritic.backend import torch_replay
+
+        return sum(g is not None for g in torch_replay.graphs(model).values())
+    return len(model.__dict__.get(CACHE, {}))
+
+
+@pytest.mark.parametrize("rows", [1, 4, 33])
+def test_gives_the_models_inference_pass(rows):
+    actor = _actor()
+    forward = CompiledForward(actor)
+    obs = _obs(rows)
+    for _ in range(3):  # the first call (eager on PyTorch, then traced) and the compiled ones
+        _close(forward(obs), actor(obs, training=False))
+    _close(forward(obs), actor.predict_on_batch(obs))
+    assert _compiled_count(actor) == 1  # one signature, one compiled pass
+
+
+def test_each_batch_size_its_own_pass_and_the_same_bits_every_call():
+    actor = _actor()
+    forward = CompiledForward(actor)
+    first = {rows: to_np(forward(_obs(rows))) for rows in (2, 7)}
+    for rows in (2, 7, 2):
+        np.testing.assert_array_equal(to_np(forward(_obs(rows))), first[rows])
+    assert _compiled_count(actor) == 2
+
+
+def test_reads_the_variables_after_an_optimizer_update():
+    actor = _actor()
+    actor.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    forward = CompiledForward(actor)
+    obs = _obs()
+    before = to_np(forward(obs))
+    forward(obs)
+    actor.train_on_batch(obs, np.ones((4, 3), "float32"))
+    after = to_np(forward(obs))
+    assert not np.allclose(before, after)
+    _close(after, actor(obs, training=False))
+
+
+def test_assigned_weights_are_read():
+    actor = _actor()
+    forward = CompiledForward(actor)
+    obs = _obs()
+    forward(obs), forward(obs)
+    actor.set_weights(_actor(seed=5).get_weights())
+    _close(forward(obs), actor(obs, training=False))
+
+
+def test_several_inputs_and_outputs():
+    keras.utils.set_random_seed(3)
+    a, b = keras.Input((5,)), keras.Input((2,))
+    x = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()([a, b]))
+    model = keras.Model([a, b], (keras.layers.Dense(3)(x), keras.layers.Dense(1)(x)))
+    forward = CompiledForward(model)
+    obs, extra = _obs(), np.ones((4, 2), "float32")
+    for _ in range(3):
+        got, want = forward([obs, extra]), model([obs, extra], training=False)
+        assert len(got) == 2
+        for g, w in zip(got, want):
+            _close(g, w)
+
+
+def test_a_new_dtype_policy_takes_a_new_pass():
+    actor = _actor()
+    forward = CompiledForward(actor)
+    obs = _obs()
+    forward(obs), forward(obs)
+    key = forward.structure()
+    for layer in actor.layers[1:]:
+        layer.dtype_policy = "mixed_bfloat16"
+    assert forward.structure() != key
+    got = forward(obs)
+    assert str(to_np(got).dtype) == str(to_np(actor(obs, training=False)).dtype)
+    np.testing.assert_allclose(to_np(got).astype("float32"), to_np(actor(obs)).astype("float32"), rtol=1e-2, atol=1e-2)
+
+
+def test_a_quantized_model_takes_a_new_pass():
+    actor = _actor()
+    forward = CompiledForward(actor)
+    obs = _obs()
+    forward(obs), forward(obs)
+    key = forward.structure()
+    actor.quantize("int8")
+    assert forward.structure() != key
+    for _ in range(2):
+        _close(forward(obs), actor(obs, training=False))
+
+
+def test_float64_host_data_runs_the_eager_pass():
+    actor = _actor()
+    forward = CompiledForward(actor)
+    obs = _obs(dtype="float64")
+    for _ in range(3):
+        _close(forward(obs), actor(obs, training=False))
+    assert _compiled_count(actor) == 0
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("not a layer", "model: got str, expected a built keras.Layer"),
+        (keras.layers.Dense(3), "model: got the unbuilt Dense"),
+    ],
+)
+def test_bad_model(model, expected):
+    with pytest.raises(ValueError, match=expected):
+        CompiledForward(model)
+
+
+def test_no_inputs():
+    with pytest.raises(ValueError, match="inputs: got none"):
+        CompiledForward(_actor())()
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's autograd through the replay")
+def test_torch_gradients_are_the_eager_passes():
+    import torch
+
+    actor = _actor()
+    forward = CompiledForward(actor)
+    obs = torch.as_tensor(_obs(8))
+    params = [v.value for v in actor.trainable_weights]
+
+    def grads(out):
+        for p in params:
+            p.grad = None
+        out.square().sum().backward()
+        return [p.grad.clone() for p in params]
+
+    for _ in range(2):
+        forward(obs)
+    replayed = grads(forward(obs))
+    eager = grads(actor(obs, training=False))
+    for r, e in zip(replayed, eager):
+        torch.testing.assert_close(r, e, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's tracers")
+def test_jax_under_jit_the_eager_pass_runs():
+    import jax
+
+    actor = _actor()
+    forward = CompiledForward(actor)
+    obs = _obs()
+    got = jax.jit(lambda x: forward(x))(obs)
+    _close(got, actor(obs, training=False))
+    assert _compiled_count(actor) == 0
+
+
+def test_a_pass_that_assigns_a_variable_runs_eagerly():
+    class Counting(keras.layers.Layer):
+        def build(self, shape):
+            self.count = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+        def call(self, x):
+            self.count.assign(self.count + 1.0)
+            return x * 2.0
+
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, Counting()(inputs))
+    forward = CompiledForward(model)
+    for _ in range(4):
+        _close(forward(_obs()), _obs() * 2.0)
+    assert float(to_np(model.layers[1].count)) == 4.0  # every call assigned once, as eagerly
+
+
+def test_an_actor_and_a_critic_as_one_model():
+    """The PPO example's acting model: the critic a layer of a functional model (which needs its
+    `compute_output_shape` to name only shapes), called in one compiled pass, gives each network's own call."""
+    from multicritic import CriticNetwork
+
+    actor = _actor()
+    critic = CriticNetwork(
+        model_size=None, gru_units=5, num_z_categoricals=1, num_z_classes=1, num_dense_layers=2, dense_hidden_units=8
+    )
+    obs_in = keras.Input((5,))
+    z_in = keras.ops.expand_dims(keras.ops.ones_like(obs_in[:, :1]), -1)
+    value_in, _ = critic(obs_in, z_in)
+    forward = CompiledForward(keras.Model(obs_in, (actor(obs_in), value_in)))
+    obs, z = _obs(6), np.ones((6, 1, 1), "float32")
+    for _ in range(3):
+        logits, value = forward(obs)
+        _close(logits, actor(obs, training=False))
+        _close(value, critic(obs, z)[0])
