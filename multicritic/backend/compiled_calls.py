@@ -33,6 +33,14 @@ KEPT_HOST_DTYPES = ("float32", "float16", "int8", "int16", "int32", "int64", "ui
 _LOCK = threading.Lock()
 
 
+def assigned(scope, start) -> bool:
+    """Whether a pass run in the Keras `StatelessScope` `scope` assigned a variable: its mapping differs from
+    `start`, the copy taken on entering it. A compiled or traced pass records such an assignment in the scope
+    and loses it, so a backend runs that pass eagerly, as it is written."""
+    mapping = scope.state_mapping
+    return mapping.keys() != start.keys() or any(mapping[k] is not v for k, v in start.items())
+
+
 def host_array_kept(x) -> bool:
     """Whether `x` is a host array a compiled call takes as the eager pass would (`KEPT_HOST_DTYPES`)."""
     return isinstance(x, np.ndarray) and x.dtype.name in KEPT_HOST_DTYPES

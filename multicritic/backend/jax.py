@@ -22,7 +22,7 @@ from keras import StatelessScope
 from keras.src.backend.common.stateless_scope import get_stateless_scope, in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
-from multicritic.backend.compiled_calls import CompiledCalls, host_array_kept
+from multicritic.backend.compiled_calls import CompiledCalls, assigned, host_array_kept
 from multicritic.backend.contract import Backend
 
 
@@ -129,9 +129,7 @@ def _compile_call(fn, variables):
         with StatelessScope(state_mapping=list(zip(held, values))) as scope:
             start = dict(scope.state_mapping)
             out = fn(*inputs)
-        # A pass that assigns a variable (a random layer's seed) would lose the assignment in the scope: such a
-        # pass runs eagerly, as it is written.
-        if scope.state_mapping.keys() != start.keys() or any(scope.state_mapping[k] is not v for k, v in start.items()):
+        if assigned(scope, start):  # a random layer's seed, a counter: lost in the scope
             raise _Assigns
         return out
 

@@ -41,6 +41,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from multicritic.backend import contract as backend_contract
 from multicritic.backend import guard_scope, torch_step
+from multicritic.backend.compiled_calls import assigned
 
 # Off: every call runs the Keras ops (to compare against; `multicritic.backend.EAGER` turns off the compiled
 # steps too).
@@ -51,6 +52,14 @@ MAX_SIGNATURES = 64
 _UNTRACEABLE = object()
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
 _DROPPED = (torch.ops.aten.lift_fresh_copy.default,)
+# Ops whose output shares its input's memory: an in-place op on one writes into the input.
+_INPUT_VIEWS = _VIEWS + (
+    torch.ops.aten.t.default,
+    torch.ops.aten.transpose.int,
+    torch.ops.aten.slice.Tensor,
+    torch.ops.aten.select.int,
+    torch.ops.aten.expand.default,
+)
 # A row whose `|mean| + sqrt(units) / rstd` stays below this has no entry past the fused normalisations'
 # guard limit (2^56; one power of two of margin for the statistics' rounding), in the guarded pass or the
 # unguarded one (whose first normalisation sees rows 2^32 times the guarded pass's).
@@ -213,9 +222,7 @@ def _trace(variables, fn, inputs, reference, values=None):
         with keras.StatelessScope(state_mapping=list(zip(variables, args[:n]))) as scope:
             start = dict(scope.state_mapping)
             out = fn(*args[n:])
-        # An assignment (a counter, a random layer's seed) is recorded in the scope, not traced: a replay would
-        # leave it out, so such a pass runs eagerly.
-        if scope.state_mapping.keys() != start.keys() or any(scope.state_mapping[k] is not v for k, v in start.items()):
+        if assigned(scope, start):  # recorded in the scope, not traced: a replay would leave it out
             raise ValueError("the pass assigns a variable")
         return list(out) if isinstance(out, tuple) else out
 
@@ -280,19 +287,7 @@ def _assigns(gm) -> bool:
 
 def _from_input(node) -> bool:
     """Whether `node` is a graph input or a view of one (what an in-place op on it writes into)."""
-    while (
-        isinstance(node, torch.fx.Node)
-        and node.op == "call_function"
-        and node.target
-        in _VIEWS
-        + (
-            torch.ops.aten.t.default,
-            torch.ops.aten.transpose.int,
-            torch.ops.aten.slice.Tensor,
-            torch.ops.aten.select.int,
-            torch.ops.aten.expand.default,
-        )
-    ):
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _INPUT_VIEWS:
         node = node.args[0]
     return isinstance(node, torch.fx.Node) and node.op == "placeholder"
 

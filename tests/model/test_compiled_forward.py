@@ -96,12 +96,17 @@ def test_several_inputs_and_outputs():
             _close(g, w)
 
 
+def _warmed(actor):
+    """`(forward, obs, structure)`: the actor's `CompiledForward` after two calls on `obs` (compiled, or on
+    PyTorch traced), and the structure it was made for."""
+    forward, obs = CompiledForward(actor), _obs()
+    forward(obs), forward(obs)
+    return forward, obs, forward.structure()
+
+
 def test_a_new_dtype_policy_takes_a_new_pass():
     actor = _actor()
-    forward = CompiledForward(actor)
-    obs = _obs()
-    forward(obs), forward(obs)
-    key = forward.structure()
+    forward, obs, key = _warmed(actor)
     for layer in actor.layers[1:]:
         layer.dtype_policy = "mixed_bfloat16"
     assert forward.structure() != key
@@ -112,10 +117,7 @@ def test_a_new_dtype_policy_takes_a_new_pass():
 
 def test_a_quantized_model_takes_a_new_pass():
     actor = _actor()
-    forward = CompiledForward(actor)
-    obs = _obs()
-    forward(obs), forward(obs)
-    key = forward.structure()
+    forward, obs, key = _warmed(actor)
     actor.quantize("int8")
     assert forward.structure() != key
     for _ in range(2):
