@@ -15,7 +15,7 @@ class CompiledForward:
     A host calls its actor once per environment step, on a batch of one row per
     environment, next to the critic. Called eagerly (or through
     `predict_on_batch`), a Keras model runs its layers one by one from Python:
-    on PyTorch that is about 0.6-0.8 ms for a three-layer 64-unit actor, twenty
+    on PyTorch that is about 0.6 ms for a three-layer 64-unit actor, twenty
     times `torch.nn.Sequential`'s own call. `CompiledForward` runs a built
     model's inference pass the way the critic runs its own (`critic(h, z)`):
     under `jax.jit` on JAX, as a `tf.function`'s concrete function on
