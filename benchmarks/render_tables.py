@@ -293,6 +293,38 @@ def forward_views(files):
     return lines
 
 
+@table("compiled_forward")
+def compiled_forward(files):
+    """A host's actor at batch 1 per call: Keras eagerly, `predict_on_batch`, `CompiledForward` and the native
+    network (`benchmarks/ours/compiled_forward.py`)."""
+    results = files[0]
+    rows: Dict[tuple, dict] = {}
+    for r in results["records"]:
+        rows.setdefault((r["backend"], r["autograd"]), {})[r["variant"]] = r
+    native_names = {"jax": "`jax.jit`", "tensorflow": "`tf.function`", "torch": "`nn.Sequential`"}
+    lines = [
+        "| backend | autograd | Keras call us | `predict_on_batch` us | `CompiledForward` us | native us | native "
+        "| `CompiledForward` / native |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
+    ]
+
+    def cell(r):
+        return f"{r['us_median']:.1f} [{r['us_min']:.1f}, {r['us_max']:.1f}]"
+
+    for (backend, autograd), v in rows.items():
+        mode = {None: "–", True: "on", False: "`no_grad`"}[autograd]
+        ratio = v["compiled_forward"]["us_median"] / v["native"]["us_median"]
+        lines.append(
+            f"| {backend} | {mode} | {cell(v['keras_call'])} | {cell(v['predict_on_batch'])} | "
+            f"{cell(v['compiled_forward'])} | {cell(v['native'])} | {native_names[backend]} | {ratio:.2f} |"
+        )
+    blocks = results["records"][0]["blocks"]
+    return lines + [
+        "",
+        f"Median over {blocks} alternating blocks [min, max], µs per call; `{results['command']}`.",
+    ]
+
+
 @table("sweep")
 def sweep(files):
     """Batch sweep at XS, then model sizes: per backend ours / native ms, the ratio and our utilisation."""

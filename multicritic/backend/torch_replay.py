@@ -43,7 +43,7 @@ from multicritic.backend import contract as backend_contract
 from multicritic.backend import guard_scope, torch_step
 from multicritic.backend.compiled_calls import assigned
 
-# Off: every call runs the Keras ops (to compare against; `multicritic.backend.EAGER` turns off the compiled
+# Off: every call runs the Keras ops (to compare against; `multicritic.backend.contract.EAGER` turns off the compiled
 # steps too).
 ENABLED = True
 # Distinct input signatures traced per critic; past this many, a new signature runs eagerly (a host whose

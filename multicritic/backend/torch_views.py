@@ -71,24 +71,37 @@ def _new_layout(critic) -> None:
 
 def _critic_slots(critic, key=None):
     """`([(holder, leaf)], [stored tensor])`: where `critic.named_parameters()` holds each of `critic.weights`
-    (Keras's per-layer `ParameterDict`s), in that order, and the tensor each variable stores; cached on the
-    critic per forward signature (which `quantize` and LoRA, the only ways to add variables, change). Another
-    Keras model (`multicritic.CompiledForward`'s) has its replay's `key` for that signature."""
+    (Keras's per-layer `ParameterDict`s, keyed by the variable's path), in that order, and the tensor each
+    variable stores; cached on the critic per forward signature (which `quantize` and LoRA, the only ways to add
+    variables, change). Another Keras model (`multicritic.CompiledForward`'s) has its replay's `key` for that
+    signature.
+
+    A variable Keras does not list as a parameter (one LoRA adds after the model's parameters were listed) makes
+    it `(None, None)`: nothing is read in place of the variables. A variable whose stored tensor is not listed,
+    but whose path is, is one `functional_call` swapped now: its slot is found by the path, and nothing is cached
+    (what is listed after the swap is the critic's own)."""
     signature = critic.forward_signature() if hasattr(critic, "forward_signature") else key
     cached = critic.__dict__.get("_torch_slots")
     if cached is not None and cached[0] == signature:
         return cached[1]
     names = {id(param): name for name, param in critic.named_parameters()}
-    slots, stored = [], []
+    by_path, slots, stored = None, [], []
     for var in critic.weights:
         stored.append(var._value)  # the tensor Keras stores (`value` may be a scope's or an autocast copy)
         name = names.get(id(stored[-1]))
-        if name is None:  # a variable Keras does not list as a parameter (LoRA's frozen kernel): none swapped
-            slots = stored = None
-            break
+        if name is None:
+            if by_path is None:
+                by_path = {}
+                for listed, _ in critic.named_parameters(remove_duplicate=False):
+                    by_path.setdefault(listed.rpartition(".")[2], listed)  # the first holder, as listed
+            name = by_path.get(var.path)
+            if name is None:
+                slots = stored = None
+                break
         prefix, _, leaf = name.rpartition(".")
         slots.append((critic.get_submodule(prefix) if prefix else critic, leaf))
-    critic.__dict__["_torch_slots"] = (signature, (slots, stored))
+    if by_path is None or slots is None:
+        critic.__dict__["_torch_slots"] = (signature, (slots, stored))
     return slots, stored
 
 

@@ -6,7 +6,8 @@ from typing import Tuple
 
 import keras
 
-from multicritic import backend as backend_lib
+from multicritic.backend import contract as backend_lib
+from multicritic.model.pass_structure import PassStructure
 
 
 class CompiledForward:
@@ -15,7 +16,7 @@ class CompiledForward:
     A host calls its actor once per environment step, on a batch of one row per
     environment, next to the critic. Called eagerly (or through
     `predict_on_batch`), a Keras model runs its layers one by one from Python:
-    on PyTorch that is about 0.6 ms for a three-layer 64-unit actor, twenty
+    on PyTorch that is about 0.5 ms for a three-layer 64-unit actor, 25
     times `torch.nn.Sequential`'s own call. `CompiledForward` runs a built
     model's inference pass the way the critic runs its own (`critic(h, z)`):
     under `jax.jit` on JAX, as a `tf.function`'s concrete function on
@@ -37,6 +38,14 @@ class CompiledForward:
     and TensorFlow the compiler fuses ops, so a result may differ from the
     op-by-op pass's in the last bit (as a compiled train step's does); every
     call of a signature gives the same bits.
+
+    On PyTorch the pass reads the model's parameters as a torch module's call
+    does: under `torch.func.functional_call` of a module holding the model (a
+    host's agent that acts through this), the parameters given, replayed or
+    eager, with `torch.func.grad` over them. (Keras's own call of the model
+    reads its variables whatever a `functional_call` swapped.) Threads may
+    call one `CompiledForward` at once; a `copy.deepcopy` or pickled copy
+    holds a copy of the model and compiles its own passes.
 
     Args:
         model: a built `keras.Layer` (a `keras.Model`, a `keras.Sequential`):
@@ -79,15 +88,12 @@ class CompiledForward:
                 "on an input, or give it a keras.Input, so that its variables exist)."
             )
         self.model = model
+        self._structure = PassStructure()
 
     def structure(self) -> Tuple:
         """What the model's pass depends on besides its inputs and its variables' values: its dtype policy and
         each sub-layer's compute dtype, quantization mode and LoRA state."""
-        layers = self.model._flatten_layers(include_self=False)
-        return (self.model.dtype_policy.name,) + tuple(
-            (layer.compute_dtype, getattr(layer, "quantization_mode", None), getattr(layer, "lora_enabled", False))
-            for layer in layers
-        )
+        return self._structure(self.model, tuple(self.model._flatten_layers(include_self=False)))
 
     def _variables(self):
         return self.model.weights

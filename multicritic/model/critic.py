@@ -13,6 +13,7 @@ from multicritic.backend import contract as backend_lib
 from multicritic.files.methods import FileMethods
 from multicritic.math import ema as ema_lib
 from multicritic.model import members
+from multicritic.model.pass_structure import PassStructure
 from multicritic.model.views import ModuleViews
 from multicritic.model.options import (  # noqa: F401  (the critic's option names, also read from here)
     AGGREGATIONS,
@@ -369,36 +370,17 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         """What a forward pass's ops depend on besides the inputs and the weights' values: the dtype policy and
         each Dense layer's compute dtype, quantization mode and LoRA state (changed by `quantize` /
         `enable_lora`)."""
-        layers = self.__dict__.get("_dense_layers")
-        if layers is None:
-            # A plain tuple, set past Keras's tracking (these layers are tracked as sub-layers already).
+        kept = self.__dict__.get("_forward_signature")
+        if kept is None:
+            # Set past Keras's tracking (these layers are tracked as sub-layers already).
             layers = (
                 tuple(self.mlp.dense_layers)
                 + tuple(self.mlp_ema.dense_layers)
                 + (self.return_layer.reward_buckets_layer, self.return_layer_ema.reward_buckets_layer)
             )
-            object.__setattr__(self, "_dense_layers", layers)
-        # Every forward pass a host makes reads this: the dozen property reads below run again only when a
-        # policy object (`_dtype_policy`, Keras's attribute behind `dtype_policy`) or a LoRA flag is replaced,
-        # all that `quantize`, `enable_lora` and a new dtype policy change. A policy map can change in place:
-        # with one, nothing is cached.
-        try:
-            state = (
-                self._dtype_policy,
-                *[layer._dtype_policy for layer in layers],
-                *[layer.lora_enabled for layer in layers],
-            )
-        except AttributeError:
-            state = None
-        cached = self.__dict__.get("_forward_signature")
-        if state is not None and cached is not None and cached[0] == state:
-            return cached[1]
-        signature = (self.dtype_policy.name,) + tuple(
-            (layer.compute_dtype, layer.quantization_mode, getattr(layer, "lora_enabled", False)) for layer in layers
-        )
-        if state is not None and not any(isinstance(p, keras.dtype_policies.DTypePolicyMap) for p in state):
-            object.__setattr__(self, "_forward_signature", (state, signature))
-        return signature
+            kept = (layers, PassStructure())
+            object.__setattr__(self, "_forward_signature", kept)
+        return kept[1](self, kept[0])
 
     def _keras_call(self, h, z, *args, **kwargs):
         # Before Keras's own checks, which refuse lists and name no argument.

@@ -259,6 +259,21 @@ def test_functional_call_reads_the_swapped_parameters(name):
     assert_equal(run(call, module, x), before)  # the module's own parameters again after the call
 
 
+@pytest.mark.parametrize("name", VIEWS)
+def test_functional_call_as_the_first_call_reads_the_swapped_parameters(name):
+    """Where the parameters are first listed under a swap (the module's first call), the swap is read, and the
+    module's own parameters after it."""
+    _, module, call = make(name)
+    _, twin, _ = make(name)  # the module's weights, never called under a swap
+    _, donor, _ = make(name, seed=2)
+    x = inputs()
+    args, kwargs = call.arguments(*x)
+    for _ in range(3):
+        got = functional_call(module, dict(donor.named_parameters()), args, kwargs)
+        assert_equal(got, eager(lambda: call(donor, *x)))
+    assert_equal(run(call, module, x), eager(lambda: call(twin, *x)))
+
+
 def _doubled(module, name):
     """`module` with `name`'s stored value doubled in place (the critic: its variable)."""
     with torch.no_grad():

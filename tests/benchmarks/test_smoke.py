@@ -136,6 +136,23 @@ def test_export_latency_benchmark_runs(tmp_path):
     assert all(r["ms"] > 0 for r in records)
 
 
+def test_compiled_forward_benchmark_runs_and_its_native_actor_gives_the_keras_actors_outputs(tmp_path):
+    """The benchmark checks each variant's outputs against the Keras actor's before it times (it fails
+    otherwise), and its table renders."""
+    from benchmarks.render_tables import RENDERERS
+
+    out = tmp_path / "compiled_forward.json"
+    script = os.path.join(ROOT, "benchmarks", "ours", "compiled_forward.py")
+    command = [sys.executable, script, "--backends", BACKEND, "--blocks", "1", "--calls", "20", "--json", str(out)]
+    subprocess.run(command, check=True, cwd=ROOT)
+    results = json.loads(out.read_text())
+    variants = {"keras_call", "predict_on_batch", "compiled_forward", "native"}
+    assert {r["variant"] for r in results["records"]} == variants
+    assert all(r["us_median"] > 0 for r in results["records"])
+    rows = [line for line in RENDERERS["compiled_forward"]([results]) if line.startswith(f"| {BACKEND} ")]
+    assert len(rows) == (2 if BACKEND == "torch" else 1)
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch forward views")
 def test_forward_views_benchmark_runs(tmp_path):
     out = tmp_path / "views.json"

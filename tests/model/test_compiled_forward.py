@@ -220,3 +220,107 @@ def test_an_actor_and_a_critic_as_one_model():
         logits, value = forward(obs)
         _close(logits, actor(obs, training=False))
         _close(value, critic(obs, z)[0])
+
+
+@pytest.mark.parametrize("copy_with", ["deepcopy", "pickle"])
+def test_a_copy_runs_its_own_models_weights(copy_with):
+    import copy
+    import pickle
+
+    actor = _actor()
+    forward, obs, _ = _warmed(actor)
+    copied = copy.deepcopy(forward) if copy_with == "deepcopy" else pickle.loads(pickle.dumps(forward))
+    assert copied.model is not actor
+    first = to_np(forward(obs))
+    for _ in range(3):
+        np.testing.assert_array_equal(to_np(copied(obs)), first)
+    actor.set_weights(_actor(seed=5).get_weights())  # the original changes, the copy does not
+    np.testing.assert_array_equal(to_np(copied(obs)), first)
+    _close(forward(obs), actor(obs, training=False))
+
+
+def test_threads_calling_at_once_each_get_their_rows_pass():
+    from concurrent.futures import ThreadPoolExecutor
+
+    actor = _actor()
+    forward = CompiledForward(actor)
+    batches = {rows: _obs(rows, seed=rows) for rows in (1, 2, 3, 5)}
+    want = {rows: to_np(actor(obs, training=False)) for rows, obs in batches.items()}
+
+    def calls(rows):
+        return [to_np(forward(batches[rows])) for _ in range(20)]
+
+    with ThreadPoolExecutor(4) as pool:
+        got = dict(zip(batches, pool.map(calls, batches)))
+    for rows, outputs in got.items():
+        for output in outputs:
+            _close(output, want[rows])
+    assert _compiled_count(actor) == len(batches)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's strides")
+def test_torch_a_strided_batch_its_own_pass_with_the_contiguous_ones_values():
+    import torch
+
+    actor = _actor()
+    forward = CompiledForward(actor)
+    contiguous = torch.as_tensor(_obs(6))
+    strided = contiguous.T.contiguous().T  # the same values, column-major
+    assert not strided.is_contiguous()
+    for _ in range(3):
+        _close(forward(strided), actor(strided, training=False))
+        _close(forward(strided), forward(contiguous))
+    assert _compiled_count(actor) == 2
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.func.functional_call")
+def test_torch_functional_call_the_parameters_given_are_read():
+    """A host's torch module holding the actor and acting through `CompiledForward`: under
+    `torch.func.functional_call` (and `torch.func.grad` over it) the parameters given are what the pass reads, as
+    a torch module's call reads them, replayed or eager: the values and gradients of an actor holding them."""
+    import torch
+
+    actor, other = _actor(), _actor(seed=5)
+    forward = CompiledForward(actor)
+
+    class Host(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.actor = actor
+
+        def forward(self, x):
+            return forward(x)
+
+    host = Host()
+    obs = torch.as_tensor(_obs(4))
+    swapped = {
+        f"actor.{name}": param.detach().clone()
+        for (name, _), param in zip(actor.named_parameters(), other.parameters())
+    }
+    assert [tuple(p.shape) for p in swapped.values()] == [tuple(p.shape) for p in actor.parameters()]
+    for _ in range(3):  # the first call eager, then traced and replayed
+        with torch.no_grad():
+            _close(torch.func.functional_call(host, swapped, (obs,)), other(obs, training=False))
+    _close(forward(obs), actor(obs, training=False))  # outside it, the actor's own
+
+    def loss(params, x):
+        return torch.func.functional_call(host, params, (x,)).square().sum()
+
+    grads = torch.func.grad(loss)(swapped, obs)
+    other(obs, training=False).square().sum().backward()
+    for (name, grad), param in zip(grads.items(), other.parameters()):
+        torch.testing.assert_close(grad, param.grad, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_a_call_warns_nothing():
+    """Every call goes through the backend contract by its own name (the 0.1.0 spelling warns, and cost a
+    replayed call a quarter of its time)."""
+    import warnings
+
+    actor = _actor()
+    forward = CompiledForward(actor)
+    obs = _obs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            forward(obs)
