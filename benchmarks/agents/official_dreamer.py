@@ -63,16 +63,16 @@ import glob
 import json
 import os
 import pickle
-import queue
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+from benchmarks.agents import halves  # noqa: E402
 
 COMMIT = "e3f02248693a79dc8b0ebd62c93683888ddaccfe"
 REPOSITORY = "https://github.com/danijar/dreamerv3"
@@ -462,53 +462,24 @@ def main(argv=None):
         "final_save": not args.clock_saves_only,
         "runs": {},
     }
-    if args.json and os.path.exists(args.json):
-        with open(args.json) as f:
-            old = json.load(f)
-        same = ("env", "steps", "flags", "env_seeded", "final_save")
-        if all(old.get(key) == results[key] for key in same):
-            results["runs"] = old["runs"]
-
-    def log(message):
-        print(time.strftime("%H:%M:%S"), message, flush=True)
-
-    def save():
-        if args.json:
-            with open(args.json + ".tmp", "w") as f:
-                json.dump(results, f, indent=1)
-            os.replace(args.json + ".tmp", args.json)
-
+    halves.resume(results, args.json, ("env", "steps", "flags", "env_seeded", "final_save"))
     work = args.work or tempfile.mkdtemp(prefix="official-dreamer-")
-    cpus = queue.Queue()
-    for cpu in args.cpus or [None] * args.workers:
-        cpus.put(cpu)
 
-    def one(variant, seed):
-        key = f"{variant}/{seed}"
-        halves = results["runs"].setdefault(key, [])
-        logdir = os.path.join(work, f"{variant}-{seed}")
-        if len(halves) == 1 and not glob.glob(os.path.join(logdir, "ckpt", "latest")):
-            halves.clear()  # its checkpoint is gone: run it again whole
-        if not halves and os.path.isdir(logdir):
-            shutil.rmtree(logdir)  # an interrupted first half's files
-        cpu = cpus.get()
-        try:
-            for half in range(len(halves), 2):
-                record = run_half(
-                    variant, seed, args.steps, half, work, log, args.flags, cpu, not args.no_env_seed,
-                    not args.clock_saves_only,
-                )  # fmt: skip
-                halves.append(record)
-                save()
-                log(f"{key} half {half} done in {record['wall_s']:.0f} s")
-        finally:
-            cpus.put(cpu)
+    def half(variant, seed, number, cpu):
+        return run_half(
+            variant, seed, args.steps, number, work, halves.log, args.flags, cpu, not args.no_env_seed,
+            not args.clock_saves_only,
+        )  # fmt: skip
 
-    runs = [(v, s) for s in args.seeds for v in args.variants]
-    with ThreadPoolExecutor(args.workers) as pool:
-        for future in [pool.submit(one, v, s) for v, s in runs]:
-            future.result()
-    save()
+    halves.run_all(
+        results,
+        args.json,
+        [(v, s) for s in args.seeds for v in args.variants],
+        logdir=lambda variant, seed: os.path.join(work, f"{variant}-{seed}"),
+        resumable=lambda folder: bool(glob.glob(os.path.join(folder, "ckpt", "latest"))),
+        half=half,
+        slots=(args.cpus or [None] * args.workers)[: args.workers],
+    )
     return results
 
 

@@ -32,15 +32,12 @@ Needs the interop session's packages (`sheeprl==0.8.4` and its dependencies).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -48,6 +45,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 from benchmarks import example  # noqa: E402
+from benchmarks.agents import halves  # noqa: E402
 
 VARIANTS = ("stock", "swap", "swap-2024")
 # The 2024 recipe's options of the critic itself, from the preset (its sizes are sheeprl's here).
@@ -267,41 +265,17 @@ def main(argv=None):
         "overrides": [*overrides(), *rest],
         "runs": {},
     }
-    if args.json and os.path.exists(args.json):
-        with open(args.json) as f:
-            old = json.load(f)
-        if (old.get("env"), old.get("steps")) == (args.env, args.steps):
-            results["runs"] = old["runs"]
-
-    def log(message):
-        print(time.strftime("%H:%M:%S"), message, flush=True)
-
-    def save():
-        if args.json:
-            with open(args.json + ".tmp", "w") as f:
-                json.dump(results, f, indent=1)
-            os.replace(args.json + ".tmp", args.json)
-
+    halves.resume(results, args.json, ("env", "steps"))
     work = args.work or tempfile.mkdtemp(prefix="sheeprl-dreamer-")
-
-    def one(variant, seed):
-        key = f"{variant}/{seed}"
-        halves = results["runs"].setdefault(key, [])
-        log_root = os.path.join(work, f"{variant}-{seed}")
-        if len(halves) == 1 and not os.path.isdir(log_root):
-            halves.clear()  # its checkpoint is gone: run it again whole
-        if not halves and os.path.isdir(log_root):
-            shutil.rmtree(log_root)  # an interrupted first half's files: the second half takes the one checkpoint
-        for half in range(len(halves), 2):
-            halves.append(run_half(variant, seed, args.steps, half, work, args.env, log, rest))
-            save()
-            log(f"{key} half {half} done in {halves[-1]['wall_s']:.0f} s")
-
-    runs = [(v, s) for s in args.seeds for v in args.variants]
-    with ThreadPoolExecutor(args.workers) as pool:
-        for future in [pool.submit(one, v, s) for v, s in runs]:
-            future.result()
-    save()
+    halves.run_all(
+        results,
+        args.json,
+        [(v, s) for s in args.seeds for v in args.variants],
+        logdir=lambda variant, seed: os.path.join(work, f"{variant}-{seed}"),
+        resumable=os.path.isdir,
+        half=lambda variant, seed, half, _: run_half(variant, seed, args.steps, half, work, args.env, halves.log, rest),
+        slots=[None] * args.workers,
+    )
     return results
 
 
