@@ -698,7 +698,7 @@ def official_dreamer(files):
             f"{np.mean(row['cpu']):.0f} |"
         )
     resumed = "its end" if results.get("final_save") else "the official loop's last timed save"
-    return lines + [
+    notes = [
         "",
         f"{results['env']}, {steps} environment steps per run, resumed from the official checkpoint of the first "
         f"half ({steps // 2} steps) at {resumed}. A return @ N is each seed's mean return over the episodes that end "
@@ -706,6 +706,22 @@ def official_dreamer(files):
         "column), then the mean over seeds [min, max]. First episodes as stock's: per seed, how many of the run's "
         "first episodes end at the stock run's step with its return, of the stock run's episodes.",
     ]
+    for repeat in files[1:]:  # the stock runs made again, the same flags and seeds: what the count is by chance
+        if repeat.get("flags") != results.get("flags"):
+            raise ValueError("official_dreamer: a repeat file must have the first file's flags")
+        for key, halves in repeat["runs"].items():
+            stock = done.get(key)
+            if not halves or stock is None:
+                continue
+            again = joined(halves)
+            scope = "both halves" if len(halves) == 2 else "its first half"
+            notes += [
+                "",
+                f"The {key.split('/')[0]} run of seed {key.split('/')[1]} made again (the same flags, seed and "
+                f"pinning; {scope}, {len(again)} episodes): its first {leading_equal(again, stock)} episodes are "
+                "the first run's.",
+            ]
+    return lines + notes
 
 
 @table("member_spread")

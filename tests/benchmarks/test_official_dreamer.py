@@ -55,6 +55,19 @@ def test_the_table_gives_returns_at_budgets_and_the_episodes_shared_with_stock()
     assert "at the official loop's last timed save" in clock[-1]
 
 
+def test_a_repeat_file_says_how_many_first_episodes_stock_shares_with_itself():
+    first = [[50, 10.0], [150, 20.0], [230, 30.0]]
+    again = {"flags": None, "runs": {"stock/1": [_half([[50, 10.0], [150, 21.0]])], "stock/9": [_half(first)]}}
+    lines = render_tables.RENDERERS["official_dreamer"]([results(), again])
+    assert lines[-1] == (
+        "The stock run of seed 1 made again (the same flags, seed and pinning; its first half, 2 episodes): its "
+        "first 1 episodes are the first run's."
+    )
+    assert sum("made again" in line for line in lines) == 1  # seed 9 has no first run to compare with
+    with pytest.raises(ValueError, match="flags"):
+        render_tables.RENDERERS["official_dreamer"]([results(), {**again, "flags": ["--other"]}])
+
+
 def test_the_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     path, png = tmp_path / "official.json", tmp_path / "official.png"
