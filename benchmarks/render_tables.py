@@ -706,6 +706,17 @@ def official_dreamer(files):
         "column), then the mean over seeds [min, max]. First episodes as stock's: per seed, how many of the run's "
         "first episodes end at the stock run's step with its return, of the stock run's episodes.",
     ]
+    around = [[], []]  # the last five episodes' returns before each run's resume, the first five after it
+    for key in done:
+        first, second = results["runs"][key]
+        restored = second.get("restored_step")
+        around[0] += [r for step, r in first["episodes"] if restored is None or step <= restored][-5:]
+        around[1] += [r for _, r in second["episodes"][:5]]
+    if done:
+        notes[-1] += (
+            f" Across the resume, over the {len(done)} runs: the last five episodes before it return "
+            f"{np.mean(around[0]):.0f} on average, the first five after it {np.mean(around[1]):.0f}."
+        )
     for repeat in files[1:]:  # the stock runs made again, the same flags and seeds: what the count is by chance
         if repeat.get("flags") != results.get("flags"):
             raise ValueError("official_dreamer: a repeat file must have the first file's flags")

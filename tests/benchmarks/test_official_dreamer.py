@@ -51,6 +51,10 @@ def test_the_table_gives_returns_at_budgets_and_the_episodes_shared_with_stock()
     assert stock.startswith("| stock | 2 |") and "| 60 [60, 60] | – | 30 | 15 |" in stock
     assert swap.startswith("| swap | 2 |") and "| 65 [60, 70] | 3 / 5, 5 / 5 | 25 | 12 |" in swap
     assert "resumed from the official checkpoint of the first half (200 steps) at its end" in lines[-1]
+    # Before the resume at 200: 10 and 20 in each run; after it stock's 40, 50, 60 (three runs) and 40, 45, 70.
+    assert lines[-1].endswith(
+        "over the 4 runs: the last five episodes before it return 15 on average, the first five after it 50."
+    )
     clock = render_tables.RENDERERS["official_dreamer"]([results(final_save=False)])
     assert "at the official loop's last timed save" in clock[-1]
 
