@@ -12,7 +12,8 @@ for a new shape: 1.5 s for the critic's first call at batch 4, against 0.3 s for
 TensorFlow's trace of a new shape costs about 80 ms). The math stays one source, and a call
 whose inputs or context the compiled function might not give the eager result for (tracers, symbolic tensors,
 a Keras stateless or symbolic scope, a distribution, host data the eager pass would convert, an owner not
-yet built) takes the eager path every time (`Backend.replay` says which).
+yet built) takes the eager path every time (`Backend.replay` says which). A compiled function is kept while
+what its trace read is unchanged (`multicritic.backend.trace_reads`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections import OrderedDict
 from typing import Callable, Hashable, Optional, Sequence
 
 import numpy as np
+
+from multicritic.backend import contract, trace_reads
 
 # Signatures of one owner whose compiled functions are kept (the least recently used beyond go).
 LIMIT = 64
@@ -42,19 +45,48 @@ def assigned(scope, start) -> bool:
 
 
 def host_array_kept(x) -> bool:
-    """Whether `x` is a host array a compiled call takes as the eager pass would (`KEPT_HOST_DTYPES`)."""
-    return isinstance(x, np.ndarray) and x.dtype.name in KEPT_HOST_DTYPES
+    """Whether `x` is a host array a compiled call takes as the eager pass would (`KEPT_HOST_DTYPES`, in the
+    machine's byte order: a byte-swapped array's dtype has the same name)."""
+    return isinstance(x, np.ndarray) and x.dtype.isnative and x.dtype.name in KEPT_HOST_DTYPES
+
+
+def native_byte_order(inputs) -> Sequence:
+    """`inputs` with each byte-swapped host array (`">f4"` on a little-endian machine) as the same values in
+    the machine's byte order: a compiled function's boundary, and some frameworks' conversions, read the bytes
+    as they lie."""
+    if not any(isinstance(x, np.ndarray) and not x.dtype.isnative for x in inputs):
+        return inputs
+    return tuple(
+        x.astype(x.dtype.newbyteorder("=")) if isinstance(x, np.ndarray) and not x.dtype.isnative else x for x in inputs
+    )
+
+
+class Entry:
+    """A signature's compiled call with what its trace read (`trace_reads.Reads`) and how many times in a row it
+    was found stale."""
+
+    __slots__ = ("call", "reads", "stale")
+
+    def __init__(self, call, reads, stale):
+        self.call, self.reads, self.stale = call, reads, stale
+
+
+# A signature whose trace is found stale this many times in a row runs eagerly from then on: something it reads
+# changes at every call (a counter kept as a layer's attribute), and a retrace per call would cost far more.
+STALE_LIMIT = 4
+_EAGER = object()
 
 
 class CompiledCalls:
     """`calls(owner, variables, key, fn, inputs, signature)`: `fn(*inputs)` from `compile(fn, variables)`,
-    made at the first call of `(key, signature)` on `owner` and kept per owner for `LIMIT` signatures; eagerly
-    where `signature` is None or `owner` is not built.
+    made at the first call of `(key, signature)` on `owner` and kept per owner for `LIMIT` signatures while what
+    its trace read is unchanged (`trace_reads`); eagerly where `signature` is None or `owner` is not built.
 
     Args:
         compile: `(fn, variables) -> compiled`, where `compiled(*inputs)` gives what `fn(*inputs)` gives with
             the current values of `variables()`.
-        attribute: where an owner keeps its compiled functions (past Keras's attribute tracking).
+        attribute: where an owner keeps its compiled functions (past Keras's attribute tracking; a
+            `trace_reads.CACHE_PREFIX` name, which what a trace read leaves out).
     """
 
     def __init__(self, compile: Callable[[Callable, Callable[[], Sequence]], Callable], attribute: str):
@@ -63,7 +95,7 @@ class CompiledCalls:
 
     def __call__(self, owner, variables, key: Hashable, fn: Callable, inputs: Sequence, signature: Optional[Hashable]):
         # An owner not yet built makes its variables in this call: only the eager pass may.
-        if signature is None or not getattr(owner, "built", True):
+        if signature is None or not getattr(owner, "built", True) or contract.EAGER:
             return fn(*inputs)
         full = (key, signature)
         with _LOCK:
@@ -74,11 +106,21 @@ class CompiledCalls:
             entry = cache.get(full)
             if entry is not None:
                 cache.move_to_end(full)
-        if entry is None:
-            # Compiled outside the lock (a trace can take a while); two threads may both compile, one is kept.
-            entry = self.compile(fn, variables)
-            with _LOCK:
-                cache[full] = entry
-                while len(cache) > LIMIT:
-                    cache.popitem(last=False)
-        return entry(*inputs)
+        if entry is _EAGER:
+            return fn(*inputs)
+        stale = 0
+        if entry is not None:
+            if entry.reads.current():
+                return entry.call(*inputs)
+            stale = entry.stale + 1
+        # Compiled outside the lock (a trace can take a while); two threads may both compile, one is kept. The
+        # first call traces: what it reads is recorded there.
+        call = self.compile(fn, variables)
+        with trace_reads.recording() as recorder:
+            out = call(*inputs)
+        made = _EAGER if stale >= STALE_LIMIT else Entry(call, recorder.snapshot(owner), stale)
+        with _LOCK:
+            cache[full] = made
+            while len(cache) > LIMIT:
+                cache.popitem(last=False)
+        return out

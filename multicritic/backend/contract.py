@@ -52,10 +52,11 @@ Metrics = Dict[str, Any]
 # scripts) never switch; docs/performance.md gives the break-even.
 AUTO_COMPILE_AFTER_STEPS = 1000
 
-# The one switch for debugging (`MULTICRITIC_EAGER=1` in the environment, or this set to True): PyTorch's forward
-# passes run the Keras ops instead of replaying a traced graph, and its train steps stay eager whatever
-# `jit_compile` says, so no traced or compiled path runs. (JAX's steps are jitted by Keras's design: use
-# `jax.disable_jit()` there; TensorFlow: `jit_compile=False` and `tf.config.run_functions_eagerly(True)`.)
+# The one switch for debugging, on every backend (`MULTICRITIC_EAGER=1` in the environment, or this set to True
+# before the critic's first call): the forward passes run the Keras ops one by one instead of a compiled or
+# replayed pass, and the train and predict steps run their ops eagerly (not under `jax.jit`, `tf.function` or
+# `torch.compile`), whatever `jit_compile` says. Each framework's own switch is honoured too by the forward
+# passes: `jax.disable_jit()`, `tf.config.run_functions_eagerly(True)`.
 EAGER = os.environ.get("MULTICRITIC_EAGER", "") not in ("", "0")
 
 
@@ -120,6 +121,10 @@ class Backend(abc.ABC):
     # a batch that needs it: graph-mode TensorFlow runs each op as a pass of its own; under XLA a cond splits
     # the fusions around it and materialises its operands (TensorFlow's backend answers per trace).
     lazy_fallbacks: bool = False
+    # A base of the critic's class (`multicritic.model.views.ModuleViews`) where the critic is a framework's module
+    # (PyTorch's): the module methods of its views, for the critic itself (dtype conversions refused, the slow
+    # critic never requiring gradients, all-or-nothing loads).
+    critic_module_methods: type = object
 
     @property
     def export_formats(self) -> Tuple[str, ...]:

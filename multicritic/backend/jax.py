@@ -22,7 +22,8 @@ from keras import StatelessScope
 from keras.src.backend.common.stateless_scope import get_stateless_scope, in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
-from multicritic.backend.compiled_calls import CompiledCalls, assigned, host_array_kept
+from multicritic.backend import contract, trace_reads
+from multicritic.backend.compiled_calls import CompiledCalls, assigned, host_array_kept, native_byte_order
 from multicritic.backend.contract import Backend
 
 
@@ -121,52 +122,72 @@ def _compile_call(fn, variables):
     trainer does), so a later assignment is what the next call reads. XLA fuses the pass's ops: its results
     can differ from the eager pass's in the last bit."""
 
-    # The variables a key's pass reads do not change (quantizing or LoRA change the key): listed once.
+    # The variables the pass reads, passed in: `variables()` and any other its trace reads (a layer reached
+    # outside the owner, through a `Lambda`), which would otherwise be baked in as constants.
     held = list(variables())
     eager = []
 
     def pure(values, *inputs):
-        with StatelessScope(state_mapping=list(zip(held, values))) as scope:
+        with trace_reads.ReadingScope(state_mapping=list(zip(held, values))) as scope:
             start = dict(scope.state_mapping)
-            out = fn(*inputs)
+            with trace_reads.recording() as recorder:
+                out = fn(*inputs)
         if assigned(scope, start):  # a random layer's seed, a counter: lost in the scope
             raise _Assigns
+        if recorder.unmapped:
+            raise _ReadsMore(recorder.unmapped)
         return out
 
     jitted = jax.jit(pure)
 
     def call(*inputs):
-        if not eager:
+        while not eager:
             try:
                 # The stored values, as Keras's trainer passes them (`value` would apply an autocast scope's
                 # cast, which the pass's own reads apply in the scope; and it costs 20 times as much).
                 return jitted([v._value for v in held], *inputs)
             except _Assigns:
                 eager.append(True)
+            except _ReadsMore as more:
+                held.extend(more.variables)  # traced again with them passed in
         return fn(*inputs)
 
     return call
+
+
+class _ReadsMore(Exception):
+    """A compiled call's trace read variables it was not given (raised while it is traced)."""
+
+    def __init__(self, variables):
+        super().__init__()
+        self.variables = variables
 
 
 class _Assigns(Exception):
     """A compiled call's pass assigned a variable (raised while it is traced)."""
 
 
-_CALLS = CompiledCalls(_compile_call, "_jax_compiled_calls")
+_CALLS = CompiledCalls(_compile_call, "_cache_jax_compiled_calls")
 
 
 def _call_signature(inputs):
     """The inputs' shapes and dtypes where a jitted call gives the eager call's result, else None: concrete
     arrays (not tracers) or host arrays the eager pass keeps as they are, outside Keras's stateless and
     symbolic scopes and any distribution (whose layouts the eager pass places)."""
-    if in_stateless_scope() or in_symbolic_scope() or keras.distribution.distribution() is not None:
+    if (
+        in_stateless_scope()
+        or in_symbolic_scope()
+        or keras.distribution.distribution() is not None
+        or jax.config.jax_disable_jit  # the framework's own switch to run op by op
+    ):
         return None
     signature = []
     for x in inputs:
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             signature.append((x.shape, x.dtype, "jax", x.sharding))  # the dtype object: `str` costs 2 µs
-        elif host_array_kept(x):
-            signature.append((x.shape, x.dtype.name, "host"))
+        elif host_array_kept(x) and (x.dtype.itemsize < 8 or jax.config.jax_enable_x64):
+            # (64-bit integers: without x64 the call's boundary wraps them to 32 bits, the eager pass casts them.)
+            signature.append((x.shape, x.dtype, "host"))
         else:
             return None
     return tuple(signature)
@@ -177,6 +198,7 @@ class JaxBackend(Backend):
 
     def replay(self, owner, variables, key, fn, inputs):
         # Eagerly every op is dispatched from Python: each input signature runs jitted.
+        inputs = native_byte_order(inputs)
         return _CALLS(owner, variables, key, fn, inputs, _call_signature(inputs))
 
     def detached(self, x):
@@ -242,7 +264,8 @@ class JaxBackend(Backend):
         # Donating the optimizer's state lets XLA update it in place. The
         # critic's weights are not donated: other threads may be reading them
         # (forward passes, `predict_function`, a `var.value` held by a caller).
-        compiled = jax.jit(step, donate_argnums=1)
+        # `contract.EAGER`: the step's ops one by one, as `jax.disable_jit()` would run them.
+        compiled = step if contract.EAGER else jax.jit(step, donate_argnums=1)
 
         def arguments(batch, direct):
             # Outside a caller's StatelessScope (and outside layer calls: no autocast) a variable's value is
@@ -266,8 +289,9 @@ class JaxBackend(Backend):
             return metrics
 
         run.compiled = compiled
-        # The step lowered for `batch`, to inspect what XLA makes of it (`.compile().as_text()`).
-        run.lower = lambda *batch: compiled.lower(*arguments(batch, not in_stateless_scope()))
+        if not contract.EAGER:
+            # The step lowered for `batch`, to inspect what XLA makes of it (`.compile().as_text()`).
+            run.lower = lambda *batch: compiled.lower(*arguments(batch, not in_stateless_scope()))
         return run
 
     def keras_train_step(self, model, program, state, batch):
@@ -296,7 +320,7 @@ class JaxBackend(Backend):
             outputs, _ = critic.stateless_call(trainable, non_trainable, h, z, use_ema=use_ema)
             return outputs
 
-        compiled = jax.jit(forward)
+        compiled = forward if contract.EAGER else jax.jit(forward)
 
         def run(h, z):
             batch = h.shape[0]

@@ -12,15 +12,17 @@ worker is given its own rows and splits them over its own replicas.
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe
 
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from multicritic.backend import contract as backend_contract
-from multicritic.backend.compiled_calls import CompiledCalls, host_array_kept
+from multicritic.backend.compiled_calls import LIMIT, CompiledCalls, host_array_kept, native_byte_order
 from multicritic.backend.contract import Backend, StepProgram
 
 
@@ -193,40 +195,90 @@ class _SelectedAssignments:
 
 
 def _compile_call(fn, variables):
-    """`fn` as the concrete function of a `tf.function` for the first call's input specs (a plain graph, as the
-    eager ops; it reads the variables themselves, so a later assignment is what the next call reads, and it is
-    differentiable under a `GradientTape`). A compiled call is made per input signature, so its concrete
-    function is all it needs: calling it skips the polymorphic function's dispatch on the inputs' trace types
-    (227 µs a call of the PPO agent's critic at batch 4, against 566 µs through the `tf.function`)."""
+    """`fn` as concrete functions of a `tf.function` (a plain graph, as the eager ops; it reads the variables
+    themselves, so a later assignment is what the next call reads, and it is differentiable under a
+    `GradientTape`). Called as a concrete function, a call skips the polymorphic function's dispatch on the
+    inputs' trace types (227 µs a call of the PPO agent's critic at batch 4, against 566 µs through the
+    `tf.function`).
+
+    The specs leave the inputs' leading axes open (as many as the lowest-ranked input has before its last), so
+    one function serves every batch size and leading shape (a host's `[T, B]` of varying `T`, a varying number
+    of live environments): TensorFlow keeps every function it ever traced, about half a megabyte each. A pass
+    that cannot be traced so (a layer that needs a static axis) is traced with only the first axis open, else
+    per shape (`LIMIT` shapes kept)."""
     graph = tf.function(fn, autograph=False)
-    concrete = []
+    made = OrderedDict()  # the closed axes' sizes -> concrete function
+    opened = []  # how many leading axes are open, found at the first call
 
     def call(*inputs):
-        if not concrete:
-            concrete.append(graph.get_concrete_function(*(tf.TensorSpec(x.shape, x.dtype) for x in inputs)))
-        return concrete[0](*inputs)
+        if not opened:
+            lowest = min(len(x.shape) for x in inputs)
+            for n in sorted({max(lowest - 1, 0), min(lowest, 1), 0}, reverse=True):
+                try:
+                    concrete = graph.get_concrete_function(*(_spec(x, n) for x in inputs))
+                except Exception:
+                    if n == 0:  # the exact shapes too: the pass's own error
+                        raise
+                    continue
+                opened.append(n)
+                made[_closed(inputs, n)] = concrete
+                break
+        n = opened[0]
+        closed = _closed(inputs, n)
+        concrete = made.get(closed)
+        if concrete is None:
+            concrete = made[closed] = graph.get_concrete_function(*(_spec(x, n) for x in inputs))
+            while len(made) > LIMIT:
+                made.popitem(last=False)
+        return concrete(*inputs)
 
     return call
 
 
-_CALLS = CompiledCalls(_compile_call, "_tf_compiled_calls")
+def _spec(x, opened):
+    shape = tuple(x.shape)
+    return tf.TensorSpec((None,) * opened + shape[opened:], x.dtype)
+
+
+def _closed(inputs, opened):
+    return tuple(tuple(x.shape)[opened:] for x in inputs)
+
+
+_CALLS = CompiledCalls(_compile_call, "_cache_tf_compiled_calls")
 
 
 def _call_signature(inputs):
-    """The inputs' shapes and dtypes where a graph call gives the eager call's result, else None: eager tensors
-    or host arrays the eager pass keeps as they are, executing eagerly, outside Keras's stateless and symbolic
-    scopes and any `tf.distribute` strategy."""
-    if not tf.executing_eagerly() or in_stateless_scope() or in_symbolic_scope() or tf.distribute.has_strategy():
+    """The inputs' ranks and dtypes (the compiled call keys their shapes itself) where a graph call gives the
+    eager call's result, else None: eager tensors or host arrays the eager pass keeps as they are, executing
+    eagerly (not under `tf.config.run_functions_eagerly`, the framework's own switch to run op by op), outside
+    Keras's stateless
+    and symbolic scopes, any `tf.distribute` strategy and any forward-mode accumulator (a concrete function's
+    JVP through the critic's `tf.cond` fails in TensorFlow once a tape has differentiated it)."""
+    if (
+        not tf.executing_eagerly()
+        or tf.config.functions_run_eagerly()
+        or in_stateless_scope()
+        or in_symbolic_scope()
+        or tf.distribute.has_strategy()
+    ):
         return None
     signature = []
     for x in inputs:
         if isinstance(x, tf.Tensor):
-            signature.append((tuple(x.shape), x.dtype.name, x.device))
+            signature.append((x.shape.rank, x.dtype.name, x.device))
         elif host_array_kept(x):
-            signature.append((x.shape, x.dtype.name, "host"))
+            signature.append((x.ndim, x.dtype, "host"))
         else:
             return None
+    if _forward_accumulating(inputs):
+        return None
     return tuple(signature)
+
+
+def _forward_accumulating(inputs) -> bool:
+    """Whether a `tf.autodiff.ForwardAccumulator` watches any of `inputs` (their tangents would be packed)."""
+    tensors = [x for x in inputs if isinstance(x, tf.Tensor)]
+    return bool(tensors) and bool(pywrap_tfe.TFE_Py_PackJVPs(tensors)[1])
 
 
 class TensorFlowBackend(Backend):
@@ -235,6 +287,7 @@ class TensorFlowBackend(Backend):
 
     def replay(self, owner, variables, key, fn, inputs):
         # Eagerly every op is dispatched from Python: each input signature runs as a graph.
+        inputs = native_byte_order(inputs)
         return _CALLS(owner, variables, key, fn, inputs, _call_signature(inputs))
 
     @property
@@ -347,6 +400,8 @@ class TensorFlowBackend(Backend):
             signature = batch_signature(batch, batch_axis, static=xla)
             key = tuple((tuple(s.shape), s.dtype) for s in signature) + (xla,)
             fn = compiled.get(key)
+            if backend_contract.EAGER:  # the step's ops one by one
+                return step(*batch)
             if fn is None:
                 # Called as its concrete function: the key above already chose it (a `tf.function` call would
                 # bind and match the signature again, ~0.5 ms a step).
@@ -374,7 +429,7 @@ class TensorFlowBackend(Backend):
         compiled = tf.function(lambda h, z: critic(h, z, use_ema=use_ema), input_signature=signature)
 
         def run(h, z):
-            return compiled(h, z)
+            return critic(h, z, use_ema=use_ema) if backend_contract.EAGER else compiled(h, z)
 
         run.compiled = compiled
         return run

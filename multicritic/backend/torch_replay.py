@@ -40,8 +40,8 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from multicritic.backend import contract as backend_contract
-from multicritic.backend import guard_scope, torch_step
-from multicritic.backend.compiled_calls import assigned
+from multicritic.backend import guard_scope, torch_step, trace_reads
+from multicritic.backend.compiled_calls import STALE_LIMIT, assigned
 
 # Off: every call runs the Keras ops (to compare against; `multicritic.backend.contract.EAGER` turns off the compiled
 # steps too).
@@ -50,6 +50,9 @@ ENABLED = True
 # shapes never repeat would otherwise trace at every call).
 MAX_SIGNATURES = 64
 _UNTRACEABLE = object()
+# A Keras layer on PyTorch is a `torch.nn.Module`: the module's own bookkeeping (its parameter and hook dicts,
+# swapped by `torch.func.functional_call`; `training`) is not what the Keras pass reads.
+MODULE_BOOKKEEPING = frozenset(vars(torch.nn.Module()))
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
 _DROPPED = (torch.ops.aten.lift_fresh_copy.default,)
 # Ops whose output shares its input's memory: an in-place op on one writes into the input.
@@ -162,7 +165,12 @@ def replay(owner, variables: Callable[[], Sequence], key, fn: Callable, inputs: 
     # Eager first: it validates the inputs and is the reference the trace must reproduce.
     outputs = _eager(variables, fn, inputs, values)
     if graph is not None or len(cache.graphs) < MAX_SIGNATURES:
-        cache.graphs[sig] = _trace(list(variables()), fn, inputs, outputs, values)
+        # A graph found stale again and again: something it reads changes at every call.
+        stale = 0 if graph is None else graph.stale + 1
+        made = _UNTRACEABLE if stale >= STALE_LIMIT else _trace(owner, list(variables()), fn, inputs, outputs, values)
+        if made is not _UNTRACEABLE:
+            made.stale = stale
+        cache.graphs[sig] = made
     return outputs
 
 
@@ -195,13 +203,18 @@ class _Graph:
         # layout epoch in the key (`torch_views.layout_epoch`).
         self.layouts = None
         self.structure = structure
+        self.reads = None  # what the trace read (`trace_reads.Reads`)
+        self.stale = 0  # how many times in a row this signature's graph was found stale
         # The pass without overflow guards, which returns None where its row check fails (or None: none).
         self.unguarded = self.unguarded_no_grad = self.unguarded_source = None
 
     def current(self) -> bool:
-        """Whether the tensors captured at trace time still have the dtype and device they were traced with (a
-        critic moved or converted as a torch module; a graph given its values at each call captures none)."""
-        return self.layouts is None or (self.tensors[0].dtype, self.tensors[0].device) == self.layouts
+        """Whether everything the trace read is as it was (`trace_reads`), and the tensors captured at trace time
+        still have the dtype and device they were traced with (a critic moved or converted as a torch module; a
+        graph given its values at each call captures none)."""
+        return (
+            self.layouts is None or (self.tensors[0].dtype, self.tensors[0].device) == self.layouts
+        ) and self.reads.current()
 
     def __call__(self, inputs, values=None):
         args = (*(self.tensors if values is None else values), *inputs)
@@ -211,20 +224,23 @@ class _Graph:
             out = (self.unguarded if grad else self.unguarded_no_grad)(*args)
         if out is None:
             out = (self.run if grad else self.run_no_grad)(*args)
-        return out if self.structure is None else tuple(out)
+        if self.structure is None:
+            return out
+        return tuple(out) if self.structure == "tuple" else keras.tree.pack_sequence_as(self.structure, out)
 
 
-def _trace(variables, fn, inputs, reference, values=None):
+def _trace(owner, variables, fn, inputs, reference, values=None):
     tensors = [v.value for v in variables] if values is None else list(values)
     n = len(tensors)
 
     def pure(*args):
-        with keras.StatelessScope(state_mapping=list(zip(variables, args[:n]))) as scope:
+        with trace_reads.ReadingScope(state_mapping=list(zip(variables, args[:n]))) as scope:
             start = dict(scope.state_mapping)
             out = fn(*args[n:])
         if assigned(scope, start):  # recorded in the scope, not traced: a replay would leave it out
             raise ValueError("the pass assigns a variable")
-        return list(out) if isinstance(out, tuple) else out
+        # The graph returns a flat list of tensors (a tuple, list, dict or nested outputs: packed back per call).
+        return out if isinstance(out, torch.Tensor) else keras.tree.flatten(out)
 
     examples = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) for x in inputs]
     args = [*(tensors if values is None else values), *inputs]
@@ -236,18 +252,24 @@ def _trace(variables, fn, inputs, reference, values=None):
                 return make_fx(pure, tracing_mode="fake")(*tensors, *examples)
 
     try:
-        gm = fx()
+        with trace_reads.recording() as recorder:
+            gm = fx()
+        # A variable it was not given would be replayed as the tensor it held at trace time.
+        if recorder.unmapped:
+            return _UNTRACEABLE
+        reads = recorder.snapshot(owner, MODULE_BOOKKEEPING)
         if _assigns(gm):  # replaying it (and checking the replay) would assign again: eager, every call
             return _UNTRACEABLE
         run, run_no_grad, source = _straight_line(gm)
-        graph = _Graph(run, run_no_grad, source, tensors, "tuple" if isinstance(reference, tuple) else None)
+        graph = _Graph(run, run_no_grad, source, tensors, _structure(reference))
+        graph.reads = reads
         if values is None and tensors:
             graph.layouts = (tensors[0].dtype, tensors[0].device)
         with torch.no_grad():
             runs = [run(*args) for run in (graph.run, graph.run_no_grad)]
+        if not all(_same(got, reference) for got in runs):
+            return _UNTRACEABLE
     except Exception:  # a data-dependent op, or an op the tracer does not know: this signature runs eagerly
-        return _UNTRACEABLE
-    if not all(_same(got, reference) for got in runs):
         return _UNTRACEABLE
     if all(x.device.type == "cpu" for x in args):
         _add_unguarded(graph, fx, args, reference)
@@ -292,8 +314,18 @@ def _from_input(node) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "placeholder"
 
 
+def _structure(reference):
+    """How a graph's flat outputs go back into the pass's: None (one tensor), "tuple" (a flat tuple), or the
+    outputs' nesting with placeholder leaves."""
+    if isinstance(reference, torch.Tensor):
+        return None
+    if type(reference) is tuple and all(isinstance(x, torch.Tensor) for x in reference):
+        return "tuple"
+    return keras.tree.map_structure(lambda _: 0, reference)
+
+
 def _same(got, reference) -> bool:
-    want = reference if isinstance(reference, tuple) else (reference,)
+    want = (reference,) if isinstance(reference, torch.Tensor) else tuple(keras.tree.flatten(reference))
     got = tuple(got) if isinstance(got, list) else (got,)
     return len(got) == len(want) and all(
         g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w.detach()) for g, w in zip(got, want)

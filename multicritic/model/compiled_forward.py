@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import keras
 
 from multicritic.backend import contract as backend_lib
-from multicritic.model.pass_structure import PassStructure
 
 
 class CompiledForward:
@@ -23,15 +20,26 @@ class CompiledForward:
     TensorFlow, replayed from the ATen graph traced once per signature on
     PyTorch (the same kernels in the same order: the eager pass's values,
     bit for bit, and the same autograd record). Each is made at the first call
-    of an input signature (shapes, dtypes, device, strides, autocast) and kept
-    per model (the least recently used beyond 64 go).
+    of an input signature (shapes, dtypes with their byte order, device,
+    strides, autocast; on TensorFlow the leading axes are left open, one
+    function a rank) and kept per model (the least recently used beyond 64
+    go). `MULTICRITIC_EAGER=1`, `jax.disable_jit()` and
+    `tf.config.run_functions_eagerly(True)` run the op-by-op pass.
 
-    What selects a compiled pass besides the inputs is what changes the ops:
-    the model's dtype policy and each sub-layer's compute dtype, quantization
-    mode and LoRA state (`quantize`, `enable_lora` and a new policy take a new
-    pass). The variables are read at each call, so an optimizer's updates are
-    what the next call sees. Where a compiled pass could differ from the eager
-    one the eager pass runs: inside a tracer or `jax.jit`, a Keras stateless
+    A compiled pass is kept while everything its trace read is unchanged
+    (`multicritic.backend.trace_reads`): every Keras layer whose code ran in
+    it and every layer of the model, their attributes and the contents of
+    their lists and dicts. Replacing a layer (`pop` / `add`), re-`adapt`ing or
+    loading a `Normalization`, `quantize`, `enable_lora`, a new dtype policy
+    (or a policy map changed in place) or a Python attribute set on a layer
+    take a new trace. The variables are read at each call, so an optimizer's
+    updates and assignments are what the next call sees; a variable the pass
+    reads that the model does not hold (a layer reached through a `Lambda`)
+    is passed in too on JAX, read as it is on TensorFlow, and runs the pass
+    eagerly on PyTorch. What a trace cannot see is frozen at the first trace,
+    as under `jax.jit` or `tf.function` themselves: attributes of Python
+    objects that are not Keras layers, globals. Where a compiled pass could
+    differ from the eager one the eager pass runs: inside a tracer or `jax.jit`, a Keras stateless
     or symbolic scope, a distribution, a torch.func transform, on float64 host
     data (which the eager pass converts), and on PyTorch for a pass that
     cannot be traced (a data-dependent op) or that assigns a variable. On JAX
@@ -88,12 +96,6 @@ class CompiledForward:
                 "on an input, or give it a keras.Input, so that its variables exist)."
             )
         self.model = model
-        self._structure = PassStructure()
-
-    def structure(self) -> Tuple:
-        """What the model's pass depends on besides its inputs and its variables' values: its dtype policy and
-        each sub-layer's compute dtype, quantization mode and LoRA state."""
-        return self._structure(self.model, tuple(self.model._flatten_layers(include_self=False)))
 
     def _variables(self):
         return self.model.weights
@@ -104,6 +106,4 @@ class CompiledForward:
     def __call__(self, *inputs):
         if not inputs:
             raise ValueError("inputs: got none, expected the model's inputs, positional.")
-        return backend_lib.current().replay(
-            self.model, self._variables, ("compiled_forward", self.structure()), self._call, inputs
-        )
+        return backend_lib.current().replay(self.model, self._variables, "compiled_forward", self._call, inputs)

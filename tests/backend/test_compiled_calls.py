@@ -13,7 +13,7 @@ from tests.conftest import BACKEND, compiled, random_inputs, randomize, to_np
 
 COMPILED = BACKEND in ("jax", "tensorflow")
 needs_compiled = pytest.mark.skipif(not COMPILED, reason="JAX's and TensorFlow's compiled eager calls")
-CACHE = {"jax": "_jax_compiled_calls", "tensorflow": "_tf_compiled_calls"}.get(BACKEND)
+CACHE = {"jax": "_cache_jax_compiled_calls", "tensorflow": "_cache_tf_compiled_calls"}.get(BACKEND)
 
 
 class _Owner:
@@ -97,7 +97,7 @@ def _close(actual, expected, rtol=1e-5, atol=1e-6):
 
 
 def _entries(critic):
-    return {k: v for k, v in critic.__dict__.get(CACHE, {}).items() if callable(v)}
+    return {k: v for k, v in critic.__dict__.get(CACHE, {}).items() if isinstance(v, compiled_calls.Entry)}
 
 
 def _eager(critic, call):
@@ -117,14 +117,17 @@ def test_repeated_calls_give_the_eager_pass_values(host):
     first, before = _eager(critic, lambda: critic(h, z)), len(_entries(critic))
     for _ in range(3):
         _close(critic(h, z), first)
-    assert len(_entries(critic)) == before + 1
+    # (TensorFlow's functions leave the batch axis open: the batch of 4 that built the critic made this one,
+    # for host arrays.)
+    new = 0 if BACKEND == "tensorflow" and host else 1
+    assert len(_entries(critic)) == before + new
     ema = _eager(critic, lambda: critic(h, z, use_ema=True))
     for _ in range(3):
         _close(critic(h, z, use_ema=True), ema)
     latent = np.concatenate([to_np(h), to_np(z).reshape(5, -1)], -1)
     for _ in range(3):
         _close(critic.on_latent(latent, outputs="both"), first)  # the flat latent is the pair
-    assert len(_entries(critic)) == before + 3
+    assert len(_entries(critic)) == before + new + 2
 
 
 @needs_compiled

@@ -9,7 +9,7 @@ import pytest
 from multicritic import CompiledForward
 from tests.conftest import BACKEND, to_np
 
-CACHE = {"jax": "_jax_compiled_calls", "tensorflow": "_tf_compiled_calls"}.get(BACKEND)
+CACHE = {"jax": "_cache_jax_compiled_calls", "tensorflow": "_cache_tf_compiled_calls"}.get(BACKEND)
 
 
 def _actor(seed=0, units=16):
@@ -40,6 +40,11 @@ def _compiled_count(model):
     return len(model.__dict__.get(CACHE, {}))
 
 
+def _passes(batch_sizes):
+    """Compiled passes kept for that many batch sizes of one rank: TensorFlow's leave the batch axis open."""
+    return 1 if BACKEND == "tensorflow" else batch_sizes
+
+
 @pytest.mark.parametrize("rows", [1, 4, 33])
 def test_gives_the_models_inference_pass(rows):
     actor = _actor()
@@ -57,7 +62,7 @@ def test_each_batch_size_its_own_pass_and_the_same_bits_every_call():
     first = {rows: to_np(forward(_obs(rows))) for rows in (2, 7)}
     for rows in (2, 7, 2):
         np.testing.assert_array_equal(to_np(forward(_obs(rows))), first[rows])
-    assert _compiled_count(actor) == 2
+    assert _compiled_count(actor) == _passes(2)
 
 
 def test_reads_the_variables_after_an_optimizer_update():
@@ -101,15 +106,14 @@ def _warmed(actor):
     PyTorch traced), and the structure it was made for."""
     forward, obs = CompiledForward(actor), _obs()
     forward(obs), forward(obs)
-    return forward, obs, forward.structure()
+    return forward, obs
 
 
 def test_a_new_dtype_policy_takes_a_new_pass():
     actor = _actor()
-    forward, obs, key = _warmed(actor)
+    forward, obs = _warmed(actor)
     for layer in actor.layers[1:]:
         layer.dtype_policy = "mixed_bfloat16"
-    assert forward.structure() != key
     got = forward(obs)
     assert str(to_np(got).dtype) == str(to_np(actor(obs, training=False)).dtype)
     np.testing.assert_allclose(to_np(got).astype("float32"), to_np(actor(obs)).astype("float32"), rtol=1e-2, atol=1e-2)
@@ -117,9 +121,8 @@ def test_a_new_dtype_policy_takes_a_new_pass():
 
 def test_a_quantized_model_takes_a_new_pass():
     actor = _actor()
-    forward, obs, key = _warmed(actor)
+    forward, obs = _warmed(actor)
     actor.quantize("int8")
-    assert forward.structure() != key
     for _ in range(2):
         _close(forward(obs), actor(obs, training=False))
 
@@ -228,7 +231,7 @@ def test_a_copy_runs_its_own_models_weights(copy_with):
     import pickle
 
     actor = _actor()
-    forward, obs, _ = _warmed(actor)
+    forward, obs = _warmed(actor)
     copied = copy.deepcopy(forward) if copy_with == "deepcopy" else pickle.loads(pickle.dumps(forward))
     assert copied.model is not actor
     first = to_np(forward(obs))
@@ -255,7 +258,7 @@ def test_threads_calling_at_once_each_get_their_rows_pass():
     for rows, outputs in got.items():
         for output in outputs:
             _close(output, want[rows])
-    assert _compiled_count(actor) == len(batches)
+    assert _compiled_count(actor) == _passes(len(batches))
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's strides")
@@ -270,7 +273,7 @@ def test_torch_a_strided_batch_its_own_pass_with_the_contiguous_ones_values():
     for _ in range(3):
         _close(forward(strided), actor(strided, training=False))
         _close(forward(strided), forward(contiguous))
-    assert _compiled_count(actor) == 2
+    assert _compiled_count(actor) == _passes(2)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.func.functional_call")
