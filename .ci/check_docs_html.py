@@ -4,8 +4,10 @@
 
 In every page under SITE_DIR/api: each `Examples` section is followed by a code block (not prose), each
 `Returns` section is one description (a table of one row), each `Call arguments` section is a list, and no
-object is shown without a docstring (a bare `name = value` attribute). And the site's stylesheet wraps long
-code lines, so that no code is cut off. Exits 1 with one line per problem.
+object is shown without a docstring (a bare `name = value` attribute). The site's stylesheet wraps the API
+reference's signatures at their spaces, breaks no code inside a word (a code block scrolls; a name in a table
+cell stays whole) and the site holds only pages and their assets (not docs/'s build tools). Exits 1 with one
+line per problem.
 """
 
 from __future__ import annotations
@@ -39,8 +41,23 @@ def problems(site: pathlib.Path):
             if 'class="doc doc-contents' not in attr.group(1) or "<p>" not in attr.group(1):
                 found.append(f"{where}: an attribute without a docstring")
     css = "".join(p.read_text() for p in site.rglob("extra.css"))
-    if "pre-wrap" not in css:
-        found.append("stylesheets/extra.css: code blocks do not wrap (long lines would be cut off)")
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", re.sub(r"/\*.*?\*/", "", css, flags=re.S)))
+    rules = {selector.strip(): body for selector, body in rules.items()}
+    if "pre-wrap" not in rules.get(".doc-signature code", ""):
+        found.append("stylesheets/extra.css: signatures do not wrap (a long one would be cut off)")
+    if re.search(r"overflow-wrap:\s*anywhere|word-break:\s*break-all", css):
+        found.append("stylesheets/extra.css: code breaks inside words (numbers and names split over lines)")
+    if not any(
+        "table" in s
+        and "code" in s
+        and re.search(r"overflow-wrap:\s*normal", body)
+        and re.search(r"word-break:\s*normal", body)
+        for s, body in rules.items()
+    ):
+        found.append("stylesheets/extra.css: a name in a table cell can break mid-word (Material's break-word)")
+    for tool in ("hooks", "griffe", "requirements.txt"):
+        if (site / tool).exists():
+            found.append(f"{tool}: docs/'s build tool copied into the site (mkdocs.yml: exclude_docs)")
     return found
 
 

@@ -18,7 +18,8 @@ option `part=NAME` takes one part of a merged file such as `results_gpu.json`), 
 register a new renderer below (a function of the loaded JSON files and the marker's `key=value` options,
 returning the table's Markdown lines), then run the script.
 
-Only the standard library is used, so the check runs in every test session.
+It needs numpy and the package itself (the registries' tables), which every test session has, so the check
+runs in every test session.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def table(name: str, files: bool = True):
 
 SIZES = ("nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL")
 BACKENDS = ("jax", "tensorflow", "torch")
+FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX"}
 
 
 def _ints(text: str | None):
@@ -76,6 +78,11 @@ def _pairs(records, key="impl"):
         if r.get(key) != "matmul_peak":
             rows.setdefault((r["backend"], r["size"], r["batch"]), {})[r[key]] = r
     return rows, peaks
+
+
+def _and(items) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _ratio(x: float) -> str:
@@ -140,12 +147,88 @@ def _floor_us(r, launch):
     return max(d["busy_us_per_step"], d["kernels_per_step"] * launch["in_graph_us"])
 
 
+def _pins() -> Dict[str, str]:
+    """The test-suite's pinned versions (`backends_matrix.yaml`): `{"torch": "2.13.0", "jax": ..., "keras": ...}`."""
+    pins: Dict[str, str] = {}
+    for name, version in re.findall(r"\b(torch|jax|keras)==([\w.+]+)", (ROOT / "backends_matrix.yaml").read_text()):
+        pins.setdefault(name, version)
+    return pins
+
+
+def _provenance(machine: List[str], commit: str | None) -> str:
+    """What a GPU file was measured with (its `machine` lines), the commit that recorded it, and how that
+    differs from the test-suite's pins, as a sentence."""
+    if commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+        raise ValueError(f"commit: got {commit!r}, expected a commit's hexadecimal id")
+    versions = dict(re.findall(r"\b(torch|jax|keras|tensorflow) (\S+)", " ".join(machine)))
+    pins = _pins()
+    differ = [f"{name} {pins[name]}" for name in versions if name in pins and versions[name] != pins[name]]
+    measured = ", ".join(f"{name} {version}" for name, version in versions.items())
+    gpu = machine[0].split(", ")  # nvidia-smi's name, memory, driver
+    where = f"one {gpu[0]} ({gpu[1]}, driver {gpu[2]})" if len(gpu) == 3 else machine[0]
+    text = (
+        f"Measured once, on {where}, with {measured}"
+        + (f", and recorded in commit {commit}" if commit else "")
+        + "; not remeasured since, so later changes to the step are not in these numbers."
+    )
+    if differ:
+        text += f" The test-suite pins other versions: {', '.join(differ)} (`backends_matrix.yaml`)."
+    return text
+
+
+@table("gpu_summary")
+def gpu_summary(files):
+    """`results_gpu.json`'s train steps in one sentence per backend: native time / ours against its own
+    framework's fastest native step and against the fastest of any framework, over the batches."""
+    rows: Dict[tuple, dict] = {}
+    for part, records in files[0].items():
+        if part.startswith("train_step"):
+            for r in records:
+                if r.get("impl") != "matmul_peak":
+                    rows.setdefault((r["backend"], r["batch"], r.get("precision", "float32")), {})[r["impl"]] = r
+    own: Dict[str, List[float]] = {}
+    anywhere: Dict[str, List[float]] = {}
+    for (backend, batch, precision), impls in sorted(rows.items()):
+        if "multicritic" not in impls:
+            continue
+        ours = impls["multicritic"]["step_ms"]
+        natives = [r["step_ms"] for n, r in impls.items() if n.startswith("native")]
+        every = [
+            r["step_ms"]
+            for (b, ba, p), i in rows.items()
+            if (ba, p) == (batch, precision)
+            for n, r in i.items()
+            if n.startswith("native")
+        ]
+        if natives:
+            own.setdefault(backend, []).append(min(natives) / ours)
+            anywhere.setdefault(backend, []).append(min(every) / ours)
+
+    def span(values):
+        return f"{min(values):.2f}–{max(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+    parts = [
+        f"{FRAMEWORKS.get(b, b)} {span(own[b])} against its own fastest native step"
+        + (
+            " (the fastest of any framework)"
+            if own[b] == anywhere[b]
+            else f", {span(anywhere[b])} against the fastest of any framework"
+        )
+        for b in own
+    ]
+    slower = [FRAMEWORKS.get(b, b) for b in anywhere if max(anywhere[b]) < 1]
+    verb = "is" if len(slower) == 1 else "are"
+    verdict = f": {_and(slower)} {verb} slower than the fastest native step at every batch" if slower else ""
+    return [f"Native time / ours (above 1: ours is faster): {'; '.join(parts)}{verdict}."]
+
+
 @table("gpu_train_step")
-def gpu_train_step(files):
+def gpu_train_step(files, commit=None):
     """`results_gpu.json` (every `train_step*` part): per backend, size, batch and precision, our step's ms
     (median and min–max over blocks), the fastest native step of its own framework and of any framework,
     each step's kernels and GPU busy time a step (profiler), and our time over the floor (the busy time, or
-    the kernels at the measured in-graph launch cost if more)."""
+    the kernels at the measured in-graph launch cost if more); `commit=ID`: the commit that recorded the file,
+    said under the table with the versions it was measured with."""
     merged = files[0]
     records = [r for part, recs in merged.items() if part.startswith("train_step") for r in recs]
     rows: Dict[tuple, dict] = {}
@@ -187,7 +270,7 @@ def gpu_train_step(files):
         if launch
         else ""
     )
-    return lines + ["", f"Machine: {'; '.join(merged['machine'])}.{cost}"]
+    return lines + ["", f"{_provenance(merged['machine'], commit)}{cost}"]
 
 
 @table("step_kernels")
@@ -253,6 +336,55 @@ def targets(files):
             f"{t['rounds_met']} of {len(t['ratios'])} |"
         )
     return lines + ["", f"`{data['command']}`"]
+
+
+def _target_group(t) -> str:
+    """What a target times, without its batch: "PyTorch", "the JAX K = 5 ensemble", ..."""
+    name = FRAMEWORKS.get(t["backend"], t["backend"])
+    if t["benchmark"] == "ensemble":
+        return f"the {name} K = 5 ensemble"
+    if list(t["natives"]) == ["native_compiled"]:
+        return f"{name} against its compiled native step"
+    return name
+
+
+@table("targets_met")
+def targets_met(files):
+    """One paragraph over every round of the files (`benchmarks/ours/targets.py`'s): the targets met in every
+    round, in some and in none, the last two with their rounds and their ratios' range."""
+    rounds: Dict[str, dict] = {}  # target: {"record", "met", "ratios"}, in the files' order
+    for data in files:
+        for t in data["targets"]:
+            seen = rounds.setdefault(t["target"], {"record": t, "met": 0, "ratios": []})
+            seen["met"] += t["rounds_met"]
+            seen["ratios"] += t["ratios"]
+    verdicts = {"every": [], "some": [], "none": []}
+    for seen in rounds.values():
+        n = len(seen["ratios"])
+        verdicts["every" if seen["met"] == n else "some" if seen["met"] else "none"].append(seen)
+
+    def phrase(group, detailed):
+        by_what: Dict[str, List[str]] = {}
+        for seen in group:
+            t = seen["record"]
+            text = str(t["batch"])
+            if detailed:
+                low, high = min(seen["ratios"]), max(seen["ratios"])
+                text += f" ({seen['met']} of {len(seen['ratios'])}, {low:.3f}–{high:.3f})"
+            by_what.setdefault(_target_group(t), []).append(text)
+        return "; ".join(f"{what} at batch {_and(batches)}" for what, batches in by_what.items())
+
+    total = sum(len(s["ratios"]) for s in rounds.values())
+    lines = [
+        f"Over all {total} rounds of the {len(rounds)} targets (in brackets: the rounds met of those run, and the "
+        "ratios' range; a step's ratio is native time / ours, an ensemble's ours / native):",
+        "",
+    ]
+    labels = {"every": "Met in every round", "some": "Met in some rounds", "none": "Met in none"}
+    for verdict, group in verdicts.items():
+        if group:
+            lines.append(f"- **{labels[verdict]}:** {phrase(group, detailed=verdict != 'every')}.")
+    return lines
 
 
 @table("extras_cost")
@@ -412,6 +544,33 @@ def peers(files, ours="compiled"):
     return lines
 
 
+@table("host_training")
+def host_training(files, form="table"):
+    """A host's own DreamerV3 training as it ships and with the swap (`benchmarks/peers/host_training.py`):
+    medians of the alternating runs, their ratio and the one-off import of Keras and multicritic; `form=sentence`:
+    the ratios and imports in one sentence."""
+    records = [r for f in files for r in f]
+    if form == "sentence":
+        imports = [r["keras_import_s"] for r in records]
+        ratios = "; ".join(f"{r['host']}: {r['swap_over_stock']:.2f}x its own time" for r in records)
+        return [
+            f"{ratios}; importing Keras and multicritic adds {min(imports):.1f}–{max(imports):.1f} s once a process."
+        ]
+    if form != "table":
+        raise ValueError(f"form: got {form!r}, expected 'table' or 'sentence'")
+    lines = [
+        "| host | run | runs | stock s | swap s | swap / stock | Keras + multicritic import s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        run = f"{r['steps']} steps" if "steps" in r else f"build + {r['iterations']} × `algo.train()`"
+        lines.append(
+            f"| {r['host']} | {run} | {r['repeats']} | {r['stock_s']:.2f} | {r['swap_s']:.2f} | "
+            f"{r['swap_over_stock']:.2f} | {r['keras_import_s']:.1f} |"
+        )
+    return lines
+
+
 NATIVE_ENSEMBLES = ("native", "native_xla")  # native_xla: TensorFlow's native ensemble under XLA
 
 
@@ -481,13 +640,31 @@ def demo_heads(files, seconds="yes"):
 
 @table("demo_summary")
 def demo_summary(files):
-    """The demo's default run (the first of the grid): relative RMSE per reward scale."""
+    """The demo's default run (the first of the grid): relative RMSE per reward scale; with a second file
+    (`results_demo_threads.json`), how far the unpinned numbers moved with XLA's thread count."""
     run = files[0]["runs"][0]
     lines = ["| reward scale | relative RMSE | steps |", "|---:|---:|---:|"]
     for s in run["scales"]:
         lines.append(f"| {s['reward_scale']:g} | {100 * s['relative_rmse']:.2f}% | {s['steps']} |")
     c = run["config"]
-    return lines + ["", f"Backend {files[0]['backend']}, size {c['size']}, {c['bin_scheme']} bins, seed {c['seed']}."]
+    lines += ["", f"Backend {files[0]['backend']}, size {c['size']}, {c['bin_scheme']} bins, seed {c['seed']}."]
+    env = run.get("environment")
+    if env:  # issue 72: what the numbers depend on
+        versions = ", ".join(f"{name} {version}" for name, version in env["versions"].items() if version)
+        where = f"{versions}; {env['cpu']['model']}, {env['cpu']['cpus']} CPUs."
+        if env["numerics"].get("pinned"):
+            where += (
+                " The demo pins XLA's threads, instruction set and math (`multicritic/demo/numerics.py`): the same"
+                " digits on any x86-64 CPU with AVX2 on these versions."
+            )
+        lines.append(where)
+    if len(files) > 1:
+        threads = files[1]["runs"]
+        scale = threads[0]["reward_scale"]
+        moved = " / ".join(f"{100 * r['relative_rmse']:.2f}" for r in threads)
+        counts = " / ".join(str(r["PJRT_NPROC"]) for r in threads)
+        lines.append(f"Unpinned (`MULTICRITIC_DEMO_PIN=0`), the {scale:g} row was {moved}% with {counts} XLA threads.")
+    return lines
 
 
 def _seeds(values) -> str:
@@ -868,6 +1045,81 @@ def public_names(files, package="multicritic"):
     for name in names:
         target = _defined_in(package, name)
         lines.append(f"| [`{package}.{name}`][{target}] | `{target}` |")
+    return lines
+
+
+# The DreamerV3 critics people run, as their code ships (read from each codebase; not from this package):
+# `(column, the `multicritic.interop.HOSTS` adapters that load and export its critics)`.
+CODEBASES = (
+    ("RLlib", ("rllib", "rllib_torch")),
+    ("sheeprl", ("sheeprl",)),
+    ("TorchRL", ("torchrl",)),
+    ("NM512", ("nm512",)),
+    ("official (2024)", ("dreamerv3",)),
+)
+# Each row: the codebases' cells, in CODEBASES' order; multicritic's cell is `comparison`'s.
+CODEBASE_ROWS = {
+    "frameworks": (
+        "TensorFlow (ray ≤ 2.48) or PyTorch (≥ 2.49)",
+        "PyTorch",
+        "PyTorch",
+        "PyTorch",
+        "JAX",
+    ),
+    "bin schemes": ("2023", "2023", "2024", "2023", "2024"),
+    "slow-critic options: rate, period, regulariser weight and form, targets": (
+        "fixed",
+        "rate, period",
+        "rate, weight",
+        "rate, period",
+        "rate, period, weight, targets",
+    ),
+    "value heads": ("two-hot", "two-hot", "two-hot, MSE", "two-hot", "two-hot"),
+    "trunks": ("MLP",) * 5,
+    "critic ensembles, reward streams": ("no",) * 5,
+    "one checkpoint for every framework": ("–",) * 5,
+    "loads / exports the others' critics": ("–",) * 5,
+    "export for serving (SavedModel, ONNX, LiteRT)": ("no",) * 5,
+}
+# How the comparison names a registered part; a part not listed here shows as its name.
+PART_LABELS = {"two_hot": "two-hot", "hl_gauss": "HL-Gauss", "mse": "MSE", "quantile": "quantile", "mlp": "MLP"}
+NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+
+
+def part_labels(registry) -> str:
+    """The registered parts of a registry (`multicritic.heads.HEADS`, `...trunks.TRUNKS`) as the comparison
+    names them."""
+    return ", ".join(PART_LABELS.get(name, name.replace("_", "-")) for name in registry)
+
+
+@table("comparison", files=False)
+def comparison(files):
+    """multicritic against the DreamerV3 critics people run: its heads and trunks from the registries, the
+    codebases it loads and exports from `multicritic.interop.HOSTS`."""
+    from multicritic.heads import HEADS
+    from multicritic.interop import HOSTS
+    from multicritic.trunks import TRUNKS
+
+    covered = [name for name, adapters in CODEBASES if all(a in HOSTS for a in adapters)]
+    ours = {
+        "frameworks": "TensorFlow, PyTorch, JAX",
+        "bin schemes": "2023 and 2024",
+        "slow-critic options: rate, period, regulariser weight and form, targets": "all",
+        "value heads": part_labels(HEADS),
+        "trunks": part_labels(TRUNKS),
+        "critic ensembles, reward streams": "yes",
+        "one checkpoint for every framework": "yes",
+        "loads / exports the others' critics": (
+            f"all {NUMBERS.get(len(covered), len(covered))}" if len(covered) == len(CODEBASES) else ", ".join(covered)
+        ),
+        "export for serving (SavedModel, ONNX, LiteRT)": "yes",
+    }
+    lines = [
+        "| | multicritic | " + " | ".join(name for name, _ in CODEBASES) + " |",
+        "|---|---|" + "---|" * len(CODEBASES),
+    ]
+    for row, cells in CODEBASE_ROWS.items():
+        lines.append(f"| {row} | {ours[row]} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -126,11 +126,19 @@ def _fixing_options(init):
     return __init__
 
 
-@functools.lru_cache(maxsize=None)
+# A dict, not `functools.lru_cache`: a host's `torch.compile` traces the critic's call through these checks, and
+# Dynamo warns at every cache wrapper it traces (it runs the wrapped function; a user reads that as a correctness
+# warning). A dict lookup it traces silently, the same values.
+_DTYPE_NAMES: Dict[object, str] = {}
+
+
 def dtype_name(dtype) -> str:
     """`keras.backend.standardize_dtype(dtype)`, cached: a step checks every input's dtype, and the standard
     name of a backend's dtype object never changes."""
-    return keras.backend.standardize_dtype(dtype)
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = keras.backend.standardize_dtype(dtype)
+    return name
 
 
 def as_float32(x):
@@ -236,7 +244,9 @@ def real_tensor(name: str, x, dtype: str):
     integers, booleans and float64 host data become `dtype`."""
     x = real_values(name, x)
     if isinstance(x, np.ndarray):
-        return ops.convert_to_tensor(x if x.dtype.kind == "f" and x.dtype != np.float64 else x.astype(dtype))
+        # A byte-swapped array (`">f4"`) is its values in the machine's order: frameworks read raw bytes.
+        keep = x.dtype.kind == "f" and x.dtype.itemsize < 8
+        return ops.convert_to_tensor(x.astype(x.dtype.newbyteorder("=") if keep else dtype, copy=False))
     if isinstance(x, keras.KerasTensor) or "float" in dtype_name(x.dtype):
         return x
     return ops.cast(x, dtype)

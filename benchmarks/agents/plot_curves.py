@@ -4,8 +4,8 @@
 episodes' returns, binned by environment steps, with the seeds' min-max band), the resume marked.
 `official`: `benchmarks/agents/official_dreamer.py`'s JSON, the same (the first half's episodes up to the step the
 second half restored).
-`ppo`: `benchmarks/agents/ppo_scales.py`'s JSON, one panel per task and head, one curve per reward scale
-(returns in the environment's own units), each backend a line style.
+`ppo`: `benchmarks/agents/ppo_scales.py`'s JSON, one panel per head (rows) and task (columns), one curve per
+reward scale (returns in the environment's own units), each backend a line style.
 
     python benchmarks/agents/plot_curves.py sheeprl benchmarks/results/results_sheeprl_dreamer.json \\
         docs/images/agents_sheeprl_dreamer.png
@@ -121,16 +121,34 @@ def sheeprl_curves(results, bins=16):
         return {v: (edges, np.nanmean(c, 0), np.nanmin(c, 0), np.nanmax(c, 0), len(c)) for v, c in per_variant.items()}
 
 
+# A style per critic: the swaps can give the stock run's returns exactly (sheeprl's), and a line drawn on
+# another must still show, so each variant has its own dashes, marker and width, the first drawn widest.
+VARIANT_STYLES = (
+    {"linestyle": "-", "linewidth": 4.0, "alpha": 0.55},
+    {"linestyle": "--", "linewidth": 1.6, "marker": "o", "markersize": 4},
+    {"linestyle": "-.", "linewidth": 1.6, "marker": "s", "markersize": 4},
+    {"linestyle": ":", "linewidth": 1.6, "marker": "^", "markersize": 4},
+)
+
+
 def plot_sheeprl(results, path, resume="resume (sheeprl's checkpoint)", title="sheeprl DreamerV3"):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curves = sheeprl_curves(results)
+    if len(curves) > len(VARIANT_STYLES):
+        raise ValueError(f"results: got {len(curves)} critics, expected at most {len(VARIANT_STYLES)} (line styles)")
     fig, ax = plt.subplots(figsize=(7, 4))
-    for variant, (x, mean, low, high, seeds) in sheeprl_curves(results).items():
-        (line,) = ax.plot(x, mean, label=f"{variant} ({seeds} seed{'s' * (seeds > 1)})")
-        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
+    first = None
+    for (variant, (x, mean, low, high, seeds)), style in zip(curves.items(), VARIANT_STYLES):
+        label = f"{variant} ({seeds} seed{'s' * (seeds > 1)})"
+        if first is not None and np.array_equal(mean, curves[first][1], equal_nan=True):
+            label += f", the same curve as {first}"
+        (line,) = ax.plot(x, mean, label=label, **style)
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
+        first = first or variant
     ax.axvline(results["steps"] / 2, color="gray", linestyle=":", label=resume)
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
@@ -150,10 +168,13 @@ LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 
 
 def plot_ppo(results, path, bins=20):
+    """One panel per head (rows) and task (columns): a figure as narrow as a page's text, each panel wide
+    enough to read the curves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     runs = results["runs"].values()
     envs = sorted({r["env"] for r in runs})
@@ -163,9 +184,10 @@ def plot_ppo(results, path, bins=20):
         raise ValueError(f"results: got {len(backends)} backends, expected at most {len(LINE_STYLES)} (line styles)")
     styles = dict(zip(backends, LINE_STYLES))
     scales = sorted({r["reward_scale"] for r in runs})
-    height = 3.2 * len(envs) + 0.6  # 0.6 inch for the legend
-    fig, axes = plt.subplots(len(envs), len(heads), figsize=(max(4.5 * len(heads), 6.0), height), squeeze=False)
-    for (i, env), (j, head) in ((a, b) for a in enumerate(envs) for b in enumerate(heads)):
+    legend = 0.5  # inches under the panels for the legend
+    height = 2.6 * len(heads) + legend
+    fig, axes = plt.subplots(len(heads), len(envs), figsize=(3.9 * len(envs), height), squeeze=False)
+    for (i, head), (j, env) in ((a, b) for a in enumerate(heads) for b in enumerate(envs)):
         ax = axes[i][j]
         for k, scale in enumerate(scales):
             for backend, style in styles.items():
@@ -180,17 +202,21 @@ def plot_ppo(results, path, bins=20):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     x, mean = curves[0][0], np.nanmean([c for _, c in curves], 0)
-                ax.plot(x, mean, linestyle=style, color=f"C{k}")
-        ax.set_title(f"{env}, {head}")
-        ax.set_xlabel("environment steps")
-        ax.set_ylabel("return")
+                ax.plot(x, mean, linestyle=style, color=f"C{k}", linewidth=1.3)
+        ax.set_title(f"{env}, {head}", fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda steps, _: f"{steps / 1000:g}k"))
+        if i == len(heads) - 1:
+            ax.set_xlabel("environment steps", fontsize=8)
+        if j == 0:
+            ax.set_ylabel("return", fontsize=8)
     # One legend for the figure: colour is the reward scale, line style the backend (the seeds: the tables).
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=f"C{k}", label=f"x{s:g}") for k, s in enumerate(scales)]
+    handles = [Line2D([], [], color=f"C{k}", label=f"reward x{s:g}") for k, s in enumerate(scales)]
     handles += [Line2D([], [], color="k", linestyle=styles[b], label=b) for b in backends]
-    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.65 / height, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, legend / height, 1, 1))
     fig.savefig(path, dpi=110)
 
 

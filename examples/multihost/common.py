@@ -7,9 +7,10 @@ hosts:
 
 - every host builds the same critic (`--critic single`, `ensemble` or
   `multi`, nano sizes, with `--critic-options`; a comma-separated list
-  trains each in turn) from the same seed, after `hosts.agree` has checked
-  that every host asks for the same one, under the same dtype policy, with
-  the same batch, steps and checkpoint schedule (`run_options`): a host that
+  trains each in turn) from the same seed, after `hosts.agree_critic` has
+  checked that every host asks for the same one (the configs the specs
+  resolve to, defaults filled in), under the same dtype policies, with the
+  same batch, steps and checkpoint schedule (`run_options`): a host that
   differs is refused on every host, the error naming the option and each
   host's value;
 - step `k` trains on the global dream batch `global_batch(k)` (a function of
@@ -24,6 +25,10 @@ hosts:
 - `--out DIR` writes each host's final state (weights, EMA weights, return
   normaliser, optimizer slots, step counters) and the metrics of every step,
   as that host saw them, to `DIR/<critic>/host<i>.npz`.
+
+`--late-host I --late-by S` makes host I wait S seconds after the engine
+started, before its first exchange: a host slow to arrive (a long import,
+a busy file system), to see how long the others wait for it (`--timeout`).
 
 `--kill-host I --kill-at-step K [--kill-critic NAME]` makes host I kill
 itself (SIGKILL, no clean-up) before step K of that critic (default: the
@@ -101,13 +106,15 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         default=60.0,
-        help="seconds before a collective (or the JAX heartbeat) gives up on a lost host",
+        help="seconds before a collective (or the JAX heartbeat, or JAX's shutdown) gives up on a lost host",
     )
     p.add_argument("--kill-host", type=int, help="this host kills itself (SIGKILL) ...")
     p.add_argument("--kill-at-step", type=int, help="... before this step ...")
     p.add_argument("--kill-critic", help="... of this critic (default: the first), unless it resumed")
     p.add_argument("--preempt-host", type=int, help="this host sends itself SIGTERM (a scheduler's preemption) ...")
     p.add_argument("--preempt-at-step", type=int, help="... before this step of the first critic")
+    p.add_argument("--late-host", type=int, help="this host waits, once the engine has started, ...")
+    p.add_argument("--late-by", type=float, default=0.0, help="... this many seconds before its first exchange")
     return p
 
 
@@ -130,15 +137,9 @@ def build(args, kind):
 
     spec = spec_of(args, kind)
     # Before the critic exists: building it under a JAX or TensorFlow distribution is itself collective. What
-    # changes the numbers, and the checkpoint schedule (the hosts' exchanges must line up step by step).
-    hosts.agree(
-        f"critic {kind!r}",
-        {
-            "run option": run_options(args, kind),
-            "critic option": spec,
-            "dtype policy": keras.config.dtype_policy().name,
-        },
-    )
+    # changes the numbers, and the checkpoint schedule (the hosts' exchanges must line up step by step); the
+    # critics compared as the configs the specs resolve to, defaults filled in.
+    hosts.agree_critic(f"critic {kind!r}", spec, {"run option": run_options(args, kind)})
     keras.utils.set_random_seed(args.seed)
     critic = MultiCritic(**spec) if "critics" in spec else CriticNetwork(**spec)
     rng = np.random.default_rng(args.seed)
@@ -254,6 +255,13 @@ def train(args, checkpoints=None, log=print, extra=None, scope=contextlib.nullco
     from multicritic.training import hosts
 
     log(f"started at time {time.time():.3f}")  # (the engine's hosts are connected: how long the checks take)
+    if args.late_host is not None and args.late_by > 0:
+        with scope():  # (TensorFlow: the strategy's hosts)
+            index = hosts.topology()[0]
+        if index == args.late_host:
+            log(f"late by {args.late_by:g} s (--late-host, --late-by)")
+            sys.stdout.flush()
+            time.sleep(args.late_by)
     if args.dtype_policy:
         import keras
 

@@ -16,7 +16,14 @@ On two real hosts (10.0.0.1 runs the coordinator):
 
 A lost process is noticed by the coordinator's heartbeat (`--timeout`
 seconds) or, sooner, by the peer's collective failing; the others then stop
-with an error instead of waiting.
+with an error instead of waiting. A process late to its first collective
+is waited for 30 s: the deadline of the CPU collectives' (gloo's) set-up
+through the coordinator, fixed in jax 0.10.2 (`jax.distributed.initialize`
+takes no such timeout, and `--xla_cpu_collective_timeout_seconds` does not
+change it); the others then fail, and their shutdown waits at most
+`--timeout` seconds more for it (`shutdown_timeout_seconds`, 300 s unless
+set), after which every process, the late one included, stops with an
+error.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ def main():
             args.process_id,
             initialization_timeout=int(args.timeout),
             heartbeat_timeout_seconds=int(args.timeout),
+            # A process that failed waits this long at exit for the others (a late one among them) to shut down.
+            shutdown_timeout_seconds=int(args.timeout),
         )
     import keras
 

@@ -205,8 +205,11 @@ def _compile_call(fn, variables):
     one function serves every batch size and leading shape (a host's `[T, B]` of varying `T`, a varying number
     of live environments): TensorFlow keeps every function it ever traced, about half a megabyte each. A pass
     that cannot be traced so (a layer that needs a static axis) is traced with only the first axis open, else
-    per shape (`LIMIT` shapes kept)."""
-    graph = tf.function(fn, autograph=False)
+    per shape (`LIMIT` shapes kept). Inputs whose leading axes differ from each other are traced for their
+    exact shapes, where the pass's own checks see them (a batch-size mismatch is its `ValueError`)."""
+    # One `tf.function` per number of open axes: asked for a concrete function, a `tf.function` returns any it
+    # traced whose specs are more general (an open trace for exact shapes, skipping the exact trace's checks).
+    graphs = {}
     made = OrderedDict()  # the closed axes' sizes -> concrete function
     opened = []  # how many leading axes are open, found at the first call
 
@@ -215,24 +218,33 @@ def _compile_call(fn, variables):
             lowest = min(len(x.shape) for x in inputs)
             for n in sorted({max(lowest - 1, 0), min(lowest, 1), 0}, reverse=True):
                 try:
-                    concrete = graph.get_concrete_function(*(_spec(x, n) for x in inputs))
+                    concrete = _concrete(graphs, fn, inputs, n)
                 except Exception:
                     if n == 0:  # the exact shapes too: the pass's own error
                         raise
                     continue
                 opened.append(n)
-                made[_closed(inputs, n)] = concrete
+                made[(n, _closed(inputs, n))] = concrete
                 break
         n = opened[0]
-        closed = _closed(inputs, n)
+        if n and len({tuple(x.shape)[:n] for x in inputs}) > 1:
+            n = 0  # leading axes that differ between inputs: the pass's own checks see the exact shapes
+        closed = (n, _closed(inputs, n))
         concrete = made.get(closed)
         if concrete is None:
-            concrete = made[closed] = graph.get_concrete_function(*(_spec(x, n) for x in inputs))
+            concrete = made[closed] = _concrete(graphs, fn, inputs, n)
             while len(made) > LIMIT:
                 made.popitem(last=False)
         return concrete(*inputs)
 
     return call
+
+
+def _concrete(graphs, fn, inputs, opened):
+    graph = graphs.get(opened)
+    if graph is None:
+        graph = graphs[opened] = tf.function(fn, autograph=False)
+    return graph.get_concrete_function(*(_spec(x, opened) for x in inputs))
 
 
 def _spec(x, opened):

@@ -23,7 +23,7 @@ from keras.src.backend.torch import core as keras_torch
 
 from multicritic.backend import contract as backend_contract
 from multicritic.backend import torch_replay, torch_step, torch_views
-from multicritic.backend.compiled_calls import host_array_kept
+from multicritic.backend.compiled_calls import host_array_kept, native_byte_order
 from multicritic.backend.contract import Backend
 
 
@@ -183,6 +183,7 @@ class TorchBackend(Backend):
     name = "torch"
     has_list_kernels = True
     kernel_scale_from_units = True
+    critic_module_methods = torch_views.CriticModuleMethods
 
     @property
     def fused_norms(self):
@@ -214,7 +215,7 @@ class TorchBackend(Backend):
     def replay(self, owner, variables, key, fn, inputs):
         # Host arrays the eager pass takes as they are become the tensors it would make of them first
         # (`ops.convert_to_tensor`, on Keras's device), so that they replay too.
-        inputs = [keras.ops.convert_to_tensor(x) if host_array_kept(x) else x for x in inputs]
+        inputs = [keras.ops.convert_to_tensor(x) if host_array_kept(x) else x for x in native_byte_order(inputs)]
         # The critic called as a torch module: parameters swapped by `functional_call` (or parametrized) are
         # what it reads.
         values = torch_views.swapped_values(owner, key)
@@ -352,7 +353,7 @@ class TorchBackend(Backend):
 
     def forward_function(self, critic):
         if not _distributed():
-            if not hasattr(critic, "forward_signature"):
+            if not hasattr(critic, "on_latent"):
                 return None
             # An eager step's forward passes replay the critic's traced graph (`torch_replay`: the same
             # kernels in the same order, so the same values and the same autograd record) instead of

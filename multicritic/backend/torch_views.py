@@ -20,15 +20,20 @@ exercise (`tests/backend/test_torch_module_checks.py`):
   before anything changes: the critic's variables keep the dtype its Keras
   dtype policy gives them (run a view under `torch.autocast` for lower
   precision);
+- the slow (EMA) critic's parameters never require gradients, whatever
+  `requires_grad_` is applied to the module;
 - under a `torch.func` transform (`grad`, `vmap`, a `stack_module_state`
   ensemble) a call runs the eager ops, not a replay (`torch_replay.replayable`):
   the eager path's values, as for any other module.
+
+The critic itself, a `torch.nn.Module` on this backend, takes the views' module
+methods (`CriticModuleMethods`): conversions, `requires_grad_` and
+`load_state_dict` behave on it as on its views.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import operator
 import sys
 from collections.abc import Mapping
@@ -37,7 +42,7 @@ import torch
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.torch import core as keras_torch
 
-from multicritic.backend import torch_replay
+from multicritic.backend import torch_replay, trace_reads
 
 VIEW_OUTPUTS = ("logits", "value", "both")
 
@@ -46,9 +51,16 @@ VIEW_OUTPUTS = ("logits", "value", "both")
 WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
 
 
-@functools.lru_cache(maxsize=None)
+# A dict, not `functools.lru_cache`: a host's `torch.compile` traces `device_scope`, and Dynamo warns at every
+# cache wrapper it traces (a warning a user reads as one about correctness); a dict lookup it traces silently.
+_DEVICES = {}
+
+
 def _torch_device(name):
-    return torch.device(name)
+    device = _DEVICES.get(name)
+    if device is None:
+        device = _DEVICES[name] = torch.device(name)
+    return device
 
 
 def device_scope(x):
@@ -72,17 +84,15 @@ def _new_layout(critic) -> None:
 def _critic_slots(critic, key=None):
     """`([(holder, leaf)], [stored tensor])`: where `critic.named_parameters()` holds each of `critic.weights`
     (Keras's per-layer `ParameterDict`s, keyed by the variable's path), in that order, and the tensor each
-    variable stores; cached on the critic per forward signature (which `quantize` and LoRA, the only ways to add
-    variables, change). Another Keras model (`multicritic.CompiledForward`'s) has its replay's `key` for that
-    signature.
+    variable stores; cached on the critic (or another Keras model, `multicritic.CompiledForward`'s) while its
+    layers are unchanged (`trace_reads.watch`: `quantize` and LoRA, the only ways to add variables, change them).
 
     A variable Keras does not list as a parameter (one LoRA adds after the model's parameters were listed) makes
     it `(None, None)`: nothing is read in place of the variables. A variable whose stored tensor is not listed,
     but whose path is, is one `functional_call` swapped now: its slot is found by the path, and nothing is cached
     (what is listed after the swap is the critic's own)."""
-    signature = critic.forward_signature() if hasattr(critic, "forward_signature") else key
-    cached = critic.__dict__.get("_torch_slots")
-    if cached is not None and cached[0] == signature:
+    cached = critic.__dict__.get("_cache_torch_slots")
+    if cached is not None and cached[0].current():
         return cached[1]
     names = {id(param): name for name, param in critic.named_parameters()}
     by_path, slots, stored = None, [], []
@@ -101,7 +111,11 @@ def _critic_slots(critic, key=None):
         prefix, _, leaf = name.rpartition(".")
         slots.append((critic.get_submodule(prefix) if prefix else critic, leaf))
     if by_path is None or slots is None:
-        critic.__dict__["_torch_slots"] = (signature, (slots, stored))
+        # Kept while the critic's layers are as they are now (`trace_reads`: `quantize` and LoRA change them).
+        critic.__dict__["_cache_torch_slots"] = (
+            trace_reads.watch(critic, torch_replay.MODULE_BOOKKEEPING),
+            (slots, stored),
+        )
     return slots, stored
 
 
@@ -213,6 +227,21 @@ def _check_state_dict(module, state_dict, strict: bool, prefix: str = "") -> Non
                 f"state_dict[{name!r}]: got {int((~torch.isfinite(as_param)).sum())} non-finite "
                 f"value(s) (as {own[name].dtype}), expected finite values."
             )
+    # One tensor under several keys (the critic lists each variable under its layer and again under the model, as
+    # Keras's parameter dicts hold it): torch copies every key in turn, so an edited value under one key would be
+    # silently overwritten by the other's.
+    keys = {}
+    for name, param in own.items():
+        keys.setdefault(id(param), []).append(name)
+    for names in keys.values():
+        given = [name for name in names if name in state_dict]
+        for name in given[1:]:
+            first, value = (state_dict[k].detach().to(own[name].device, own[name].dtype) for k in (given[0], name))
+            if not torch.equal(first, value):
+                raise ValueError(
+                    f"state_dict[{name!r}]: got values that differ from state_dict[{given[0]!r}], expected the same "
+                    "values: both keys name one parameter."
+                )
     for holder, leaf, name in getattr(module, "constants", ()):  # host buffers fixed by the configuration
         value, want = state_dict.get(prefix + name), holder._buffers[leaf]
         if value is not None and not torch.allclose(
@@ -243,12 +272,13 @@ def _outer_load():
 
 
 class _AllOrNothingLoad:
-    """`load_state_dict` for the views, all or nothing: every key, shape, dtype and value is checked before the
-    first parameter changes (torch's own copies the tensors that fit, then reports the others), also when the
-    view is loaded inside a wrapper (torch.compile, DDP, a module holding several views: every view it holds
-    is checked first). Values must be tensors of a floating-point dtype, finite as the parameters' dtype; keys
-    with a torch.compile / DDP / Fabric wrapper's prefix load too; `assign=True` is refused (the parameters are
-    the critic's own tensors: new ones would not be the critic's)."""
+    """`load_state_dict` for the views and the critic, all or nothing: every key, shape, dtype and value is checked
+    before the first parameter changes (torch's own copies the tensors that fit, then reports the others), also
+    when the module is loaded inside a wrapper (torch.compile, DDP, a module holding several views: every view it
+    holds is checked first). Values must be tensors of a floating-point dtype, finite as the parameters' dtype,
+    the same under every key of one parameter; keys with a torch.compile / DDP / Fabric wrapper's prefix load
+    too; `assign=True` is refused (the parameters are the critic's own tensors: new ones would not be the
+    critic's)."""
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         if assign:
@@ -284,11 +314,11 @@ class _AllOrNothingLoad:
         )
 
 
-def _moved(view_variables, fn):
+def _moved(variables, fn):
     """`fn` (a `Module._apply` conversion) applied to the variables' tensors, every result made before any is
     kept: a `ValueError` where it would change a dtype."""
     moved = []
-    for var in view_variables:
+    for var in variables:
         old = var.value.data
         new = fn(old)
         if new.dtype != old.dtype:
@@ -299,6 +329,51 @@ def _moved(view_variables, fn):
             )
         moved.append(new)
     return moved
+
+
+def _take(critic, variables, moved, fn):
+    """`.to(device)` for a module over `critic`'s `variables`: their tensors given `moved` (`_moved(variables, fn)`,
+    refused before anything changes where a dtype would change) in place, their gradients moved too. In place,
+    not as torch's `Module._apply` may do it (new `Parameter`s under
+    `torch.__future__.set_overwrite_module_params_on_conversion`): Keras, the critic's views and a host's
+    optimizer hold these very tensors. A new layout epoch: no replay traced before the move runs after it."""
+    _new_layout(critic)
+    for var, new in zip(variables, moved):
+        tensor = var.value
+        tensor.data = new
+        if tensor.grad is not None:
+            tensor.grad = fn(tensor.grad)
+
+
+class _FrozenSlowCritic:
+    """`requires_grad_` as torch's, except that the slow (EMA) critic's parameters (`_slow_parameters()`) never
+    require gradients: a host freezing the module for an actor's update and unfreezing it after must not make
+    the EMA copy trainable, or an optimizer built from the parameters that require gradients trains it."""
+
+    def _slow_parameters(self):
+        return []
+
+    def requires_grad_(self, requires_grad=True):
+        slow = {id(param) for param in self._slow_parameters()}
+        for param in self.parameters():
+            param.requires_grad_(bool(requires_grad) and id(param) not in slow)
+        return self
+
+
+class CriticModuleMethods(_FrozenSlowCritic, _AllOrNothingLoad):
+    """The critic itself (a Keras model: a `torch.nn.Module` on this backend) behaves as its views do: dtype
+    conversions refused and device moves taken in place (`_take`), the slow critic's parameters never requiring
+    gradients, `load_state_dict` all or nothing. A base of `CriticNetwork` on PyTorch
+    (`multicritic.model.views.ModuleViews`, through the backend's `critic_module_methods`)."""
+
+    def _slow_parameters(self):
+        return [var.value for var in self.ema_weights]
+
+    def _apply(self, fn, recurse=True):
+        # Every parameter of the critic is one of its Keras variables' tensors (no buffers): moving the
+        # variables moves the module.
+        _take(self, self.variables, _moved(self.variables, fn), fn)
+        return self
 
 
 def _rebuild_view(critic, use_ema, outputs, layout, training, requires_grad):
@@ -327,7 +402,7 @@ def _rebuild_pair(critic, layouts, training):
     return view
 
 
-class CriticModule(_AllOrNothingLoad, torch.nn.Module):
+class CriticModule(_FrozenSlowCritic, _AllOrNothingLoad, torch.nn.Module):
     """One half of a critic (fast or EMA) as a `torch.nn.Module` holding the critic's own parameters.
 
     The parameters are the Keras variables' tensors themselves (no copy):
@@ -429,18 +504,20 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
         read = self.read() if read is None else read
         return [p.t() if t else p for p, (_, _, t) in zip(read, self.slots)]
 
+    def _slow_parameters(self):
+        return self.params if self.use_ema else []
+
     def _apply(self, fn, recurse=True):
-        # `.to(device)`: every variable's tensor moved in place (a transposed parameter re-made as a view of the
-        # moved Keras tensor), so the module and the critic keep sharing storage; dtype conversions refused.
+        # A transposed parameter is re-made as a view of the moved Keras tensor, so the module and the critic keep
+        # sharing storage.
         moved = _moved(self.variables, fn)
-        _new_layout(self.critic)
         buffers = [fn(holder._buffers[leaf]) for holder, leaf, _ in self.constants]
-        for var, param, transpose, new in zip(self.variables, self.params, self.transposed, moved):
-            var.value.data = new
+        _take(self.critic, self.variables, moved, fn)
+        for param, transpose, new in zip(self.params, self.transposed, moved):
             if transpose:
                 param.data = new.t()
-            if param.grad is not None:
-                param.grad = fn(param.grad)
+                if param.grad is not None:
+                    param.grad = fn(param.grad)
         for (holder, leaf, _), new in zip(self.constants, buffers):
             holder._buffers[leaf] = new
         return self
@@ -450,7 +527,7 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
         # Traced graphs are kept on the critic, shared by its views of one structure (a view made for one call
         # replays what an earlier one traced): they are given the values at each call.
         critic = self.critic
-        key = (self.structure, z is None, critic.forward_signature(), layout_epoch(critic))
+        key = (self.structure, z is None, layout_epoch(critic))
         inputs = (latent,) if z is None else (latent, z)
         read = self.read()
         # The module's own parameters (the usual case) change layout only with a new epoch: no need to read
@@ -470,7 +547,7 @@ class CriticModule(_AllOrNothingLoad, torch.nn.Module):
         return {"logits": logits, "value": value, "both": (value, logits)}[self.outputs]
 
 
-class CriticPairModule(_AllOrNothingLoad, torch.nn.Module):
+class CriticPairModule(_FrozenSlowCritic, _AllOrNothingLoad, torch.nn.Module):
     """Both halves of a critic as one `torch.nn.Module`: `fast` and `ema` views, parameters fast first.
 
     `forward(h, z=None, return_logits=False, use_ema=False)` and
@@ -508,6 +585,9 @@ class CriticPairModule(_AllOrNothingLoad, torch.nn.Module):
                 layout = [(n, index[id(v)], t) for n, v, t in zip(view.names, view.variables, view.transposed)]
                 layouts.append(layout + [(n, a, "constant") for n, a in view.constant_arrays])
         return _rebuild_pair, (self.critic, layouts, self.training)
+
+    def _slow_parameters(self):
+        return self.ema.params
 
     def _apply(self, fn, recurse=True):
         if "fast" in self._modules:

@@ -1,10 +1,12 @@
 """The `multicritic` command: `demo` (learn exact MDP values across reward scales) and `check`
 (backend parity). Bad flags and environments (KERAS_BACKEND, keras.json) are one line on stderr
-and exit code 2, never a traceback, and are found before any work and before Keras is imported."""
+and exit code 2, never a traceback, and are found before any work and before Keras is imported;
+so are `--version` and `--help` (exit code 0) and a bare `multicritic` (the usage on stderr, exit code 2)."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import subprocess
 import sys
@@ -48,14 +50,57 @@ class UsageError(Exception):
     pass
 
 
+class NoCommand(UsageError):
+    """A bare `multicritic`: answered with the usage, not one error line."""
+
+
+class Done(Exception):
+    """`--help` or `--version` printed its answer: exit with `code`, no work."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(message)
 
+    def exit(self, status=0, message=None):
+        # argparse's own exit is a SystemExit, which would leave `main` (called in-process) without its return code.
+        if message:
+            self._print_message(message, sys.stderr)
+        raise Done(status)
+
+
+def version() -> str:
+    """`multicritic.__version__`, read from the package's source as setuptools reads it (pyproject.toml's `attr`):
+    the package sets it after importing Keras, which `--version` must not wait for."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "__init__.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"no __version__ in {path}")
+
+
+def _size(text: str) -> str:
+    """A model size in any case (`xs`, `XS`, `Nano`) as MODEL_SIZES spells it; anything else as given (refused
+    later, by `check_config`, with the list)."""
+    return {s.lower(): s for s in MODEL_SIZES}.get(text.lower(), text)
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="multicritic", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(
+        prog="multicritic",
+        description="The DreamerV3 critic on TensorFlow, PyTorch and JAX: `multicritic demo` learns the exact values "
+        "of a random Markov reward process at reward scales 1 to 1e6; `multicritic check` runs the same critics on "
+        "every installed Keras backend and compares them.",
+        epilog="`multicritic COMMAND --help` lists a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"multicritic {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     demo = sub.add_parser(
         "demo",
         help="learn exact values of a random MDP at reward scales 1, 1e3, 1e6 "
@@ -66,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"Keras backend, one of {list(BACKENDS)}; overrides KERAS_BACKEND (default: KERAS_BACKEND, "
         "else keras.json's backend if installed, else the first installed of jax, torch, tensorflow)",
     )
-    demo.add_argument("--size", default="mini", help=f"model size, one of {list(MODEL_SIZES)} (default: mini)")
+    demo.add_argument(
+        "--size", default="mini", type=_size, help=f"model size, one of {list(MODEL_SIZES)}, any case (default: mini)"
+    )
     demo.add_argument("--steps", type=int, default=1500, help="train steps per reward scale, >= 1 (default: 1500)")
     demo.add_argument("--seed", type=int, default=0, help=f"random seed in [0, {MAX_SEED}] (default: 0)")
     demo.add_argument(
@@ -119,14 +166,22 @@ def _parser() -> argparse.ArgumentParser:
         help="write a figure of learned vs exact values and learning curves; the extension picks the format "
         f"(one of {', '.join(PLOT_FORMATS)}); needs matplotlib",
     )
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (without it: a bar when stdout is a terminal, none when it is piped or redirected)",
+    )
     check = sub.add_parser(
         "check",
-        help="run the critic (each head, and an ensemble) and one train step on every installed backend: check "
-        "each backend's compiled forward pass against its eager one, and compare forward passes and train steps "
-        "across backends (needs two or more; with one they are reported as not compared)",
+        help="run the same critics (each head and trunk, an ensemble, each host's options) and one train step on "
+        "every installed backend, each in its own process, and compare their forward passes and train steps; each "
+        "backend also checks its compiled forward pass against its eager one",
     )
-    check.add_argument("--backends", help="comma-separated backends (default: every installed one)")
+    check.add_argument(
+        "--backends",
+        help=f"comma-separated backends from {list(BACKENDS)} (default: every installed one, which must be two or "
+        "more; name one to check it alone: its compiled forward pass and the hosts' round trips)",
+    )
     check.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
     check.add_argument("--perturb-worker", nargs="?", const="forward", choices=PERTURBATIONS, help=argparse.SUPPRESS)
     # tests: prove a mismatch is caught; BACKEND[:forward] (its logits), BACKEND:compiled (its compiled
@@ -235,6 +290,15 @@ def _check_backends(args) -> List[str]:
         backends = installed_backends()
         if not backends:
             raise UsageError(NO_BACKEND)
+        if len(backends) == 1:
+            # Said before any work: the check's point is comparing backends, and one backend's run takes a minute.
+            only = backends[0]
+            others = " or ".join(f"'multicritic[{b}]'" for b in BACKENDS if b != only)
+            raise UsageError(
+                f"--backends: only {only!r} is installed, and check compares backends with each other: install "
+                f"another (pip install {others}), or pass --backends {only} to check {only} alone (its compiled "
+                "forward pass against its eager one, and the hosts' checkpoint round trips)"
+            )
     else:
         backends = [b.strip() for b in args.backends.split(",") if b.strip()]
         if not backends:
@@ -258,6 +322,8 @@ def _validate(argv: List[str]):
     """Parses and checks everything, without Keras. Returns (args, the demo
     config or the check's backends, the backend this process must run on)."""
     args = _parser().parse_args(argv)
+    if args.command is None:
+        raise NoCommand()
     if args.command == "demo":
         plan = _demo_config(args)
         if args.backend is not None:
@@ -282,12 +348,22 @@ def preflight(argv: List[str]) -> None:
         _, _, backend = _validate(argv)
     except UsageError as err:
         _fail(err)
+    except Done as done:
+        raise SystemExit(done.code) from None
     os.environ["KERAS_BACKEND"] = backend
 
 
 def _fail(err) -> None:
-    print(f"multicritic: error: {err}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(_report(err))
+
+
+def _report(err: UsageError) -> int:
+    """Prints a usage error (a bare `multicritic`: the usage and the commands) on stderr; returns exit code 2."""
+    if isinstance(err, NoCommand):
+        _parser().print_help(sys.stderr)
+    else:
+        print(f"multicritic: error: {err}", file=sys.stderr)
+    return 2
 
 
 # ----------------------------------------------------------------------
@@ -330,7 +406,7 @@ def _demo(args, config: DemoConfig, argv: List[str]) -> int:
         f"multicritic demo: backend {keras.backend.backend()}, size {config.size}, {config.bin_scheme} bins{critic}, "
         f"{config.num_states}-state random MDP, horizon {config.horizon}, {config.steps} steps per scale"
     )
-    results = run_demo(config, progress=not args.no_progress)
+    results = run_demo(config, progress=not args.no_progress)  # (a bar only on a terminal: `run_demo`)
     print(summary_table(results))
     if args.json:
         with open(args.json, "w") as f:
@@ -357,6 +433,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if "keras" in sys.modules:
             # Keras already runs on some backend: the environment no longer matters.
             args = _parser().parse_args(argv)
+            if args.command is None:
+                raise NoCommand()
             plan = _demo_config(args) if args.command == "demo" else (None if args.worker else _check_backends(args))
             if args.command == "demo" and args.backend is not None:
                 _require_backend(args.backend, "--backend")
@@ -365,8 +443,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.environ["KERAS_BACKEND"] = backend
         return _demo(args, plan, argv) if args.command == "demo" else _check(args, plan)
     except UsageError as err:
-        print(f"multicritic: error: {err}", file=sys.stderr)
-        return 2
+        return _report(err)
+    except Done as done:
+        return done.code
     except KeyboardInterrupt:
         print("multicritic: interrupted", file=sys.stderr)
         return 130

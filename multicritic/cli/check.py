@@ -11,8 +11,9 @@ back exactly, before the forward pass and the step run on it); the
 parent compares the forward passes and the train steps across backends,
 against the first backend that ran (its cells read `ref`). Nothing here
 recomputes the critic: with only one backend there is nothing to compare the
-forward pass and train step with, so those columns read "n/a" and the
-summary says they were not compared.
+forward pass and train step with, so the table has the self-checks alone and
+says so (the command refuses to start that way unless `--backends` names the
+one backend: see `multicritic.cli`).
 """
 
 from __future__ import annotations
@@ -207,8 +208,45 @@ def _run_workers(backends: Sequence[str], perturb: Optional[str]):
     return results, failures
 
 
+# The table's columns: each a group of the keys above (a group's keys share a tolerance), its cell the group's
+# largest difference. Self-checks first (each backend against itself), then the comparisons with the reference.
+SELF_COLUMNS = {COMPILED_KEY: (COMPILED_KEY,), HOST_KEY: (HOST_KEY,)}
+CROSS_COLUMNS = {
+    "fast": ("value", "logits"),
+    "ema": ("ema_value", "ema_logits"),
+    "loss": ("step_total",),
+    "grad_norm": ("step_grad_norm",),
+    "weights": ("step_fast", "step_ema"),
+}
+LABEL_WIDTH = max(len("config"), *(len(c) for c in CONFIGS)) + 4  # configs indented under their backend
+CELL_WIDTH = 10  # "1.23e-05!" and a space
+
+
+def _cell(key: str, mine: Dict[str, np.ndarray], ref: Optional[Dict[str, np.ndarray]]) -> Tuple[str, bool]:
+    """One column's cell, `CELL_WIDTH` wide (`-`: no host; `ref`: the reference backend; a difference past its
+    tolerance ends in `!`), and whether it is within tolerance."""
+    if key == COMPILED_KEY:
+        diff, within = _compiled_cell(mine)
+    elif key == HOST_KEY:
+        cell = _host_cell(mine)
+        if cell is None:
+            return f"{'-':>{CELL_WIDTH - 1}} ", True
+        diff, within = cell
+    elif ref is None:
+        return f"{'ref':>{CELL_WIDTH - 1}} ", True
+    else:
+        cells = [_compare(k, mine[k], ref[k]) for k in CROSS_COLUMNS[key]]
+        diff, within = max(d for d, _ in cells), all(ok for _, ok in cells)
+    return f"{diff:>{CELL_WIDTH - 1}.2e}" + (" " if within else "!"), within
+
+
 def run_check(backends: Optional[Sequence[str]] = None, perturb: Optional[str] = None, log=print) -> int:
     """Runs every backend, prints the table, returns the exit code (0: all agree).
+
+    The table is one block of rows per backend, one row per configuration, within 100 columns: `compiled`
+    (eager vs compiled forward pass) and `host` (a host's export and load) check the backend against itself;
+    with two backends or more, `fast` and `ema` (value and logits of the fast and the EMA critic), `loss`,
+    `grad_norm` and `weights` (fast and EMA, after one train step) compare it with the first backend that ran.
 
     `perturb` (tests): "BACKEND" or "BACKEND:forward" perturbs that backend's
     logits, "BACKEND:compiled" its compiled forward pass only, "BACKEND:step"
@@ -216,53 +254,40 @@ def run_check(backends: Optional[Sequence[str]] = None, perturb: Optional[str] =
     table catches each in its own columns.
     """
     backends = list(backends or installed_backends())
+    log(
+        f"multicritic check on {', '.join(backends)} (a process each, in turn): {len(CONFIGS)} critics, "
+        "a train step each"
+    )
     results, failures = _run_workers(backends, perturb)
-    # Forward passes and train steps: compared with the first backend that
-    # ran; with fewer than two there is nothing to compare with, and those
-    # columns say so. The compiled column is each backend's own check.
     ref_backend = next(iter(results), None)
     compare = len(results) >= 2
-    label = max(len("backend:config"), *(len(f"{b}:{c}") for b in backends for c in CONFIGS)) + 2
-    widths = [max(len(c), 9) + 2 for c in COLUMNS]
-    log(
-        "max |difference|: compiled = eager vs compiled forward pass on the same backend; host = the weights "
-        "after the host's export and load vs before; forward and train "
-        + (f"step vs the first backend ({ref_backend})" if compare else "step vs another backend (n/a: needs two)")
-    )
-    log(f"{'backend:config':<{label}}" + "".join(f"{c:>{w - 1}} " for c, w in zip(COLUMNS, widths)) + " status")
+    columns = list(SELF_COLUMNS) + (list(CROSS_COLUMNS) if compare else [])
+    log("max |difference|, relative to max(1, |reference|); '!': past its tolerance (the last row)")
+    log("  compiled: eager vs compiled forward pass, on the same backend")
+    log("  host: a host's checkpoint form, exported and loaded back, vs the weights before ('-': no host)")
+    if compare:
+        log(f"  fast, ema: value and logits of the fast and the EMA critic, vs {ref_backend} ('ref')")
+        log(f"  loss, grad_norm, weights: one train step (weights: fast and EMA after it), vs {ref_backend}")
+    log(f"{'config':<{LABEL_WIDTH}}" + "".join(f"{c:>{CELL_WIDTH - 1}} " for c in columns) + " status")
     bad = bool(failures)
     for backend in backends:
+        log(backend)
+        if backend in failures:
+            log(f"  FAILED: {failures[backend]}")
+            continue
         for config in CONFIGS:
-            name = f"{backend}:{config}"
-            if backend in failures:
-                log(f"{name:<{label}}{'':>{sum(widths)}}  FAILED: {failures[backend]}")
-                continue
-            mine, row, ok = results[backend][config], f"{name:<{label}}", True
-            for key, width in zip(COLUMNS, widths):
-                if key == COMPILED_KEY:
-                    diff, within = _compiled_cell(mine)
-                elif key == HOST_KEY:
-                    cell = _host_cell(mine)
-                    if cell is None:
-                        row += f"{'-':>{width - 1}} "
-                        continue
-                    diff, within = cell
-                elif not compare:
-                    row += f"{'n/a':>{width - 1}} "
-                    continue
-                elif backend == ref_backend:
-                    row += f"{'ref':>{width - 1}} "
-                    continue
-                else:
-                    diff, within = _compare(key, mine[key], results[ref_backend][config][key])
+            mine = results[backend][config]
+            ref = None if backend == ref_backend else results[ref_backend][config]
+            row, ok = f"  {config:<{LABEL_WIDTH - 2}}", True
+            for key in columns:
+                text, within = _cell(key, mine, ref)
                 ok &= within
-                row += f"{diff:>{width - 1}.2e}{' ' if within else '!'}"
+                row += text
             bad |= not ok
-            log(row + " " + ("ok" if ok else "MISMATCH") + ("" if compare else " (one backend: compiled only)"))
-    log(f"tolerance: max |diff| <= tol * max(1, |reference|), tol = {TOLERANCE}")
+            log(row + " " + ("ok" if ok else "MISMATCH"))
+    # A group's keys share their tolerance (TOLERANCE): the first one's stands for the column.
+    keys = {**SELF_COLUMNS, **CROSS_COLUMNS}
+    log(f"{'tolerance':<{LABEL_WIDTH}}" + "".join(f"{TOLERANCE[keys[c][0]]:>{CELL_WIDTH - 1}.0e} " for c in columns))
     if results and not compare:
-        log(
-            f"forward and train step: NOT compared across backends (only {ref_backend} ran; those columns "
-            "compare backends with each other and need two or more)"
-        )
+        log(f"forward passes and train steps not compared across backends: only {ref_backend} ran")
     return 1 if bad or not results else 0

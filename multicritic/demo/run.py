@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -36,6 +37,7 @@ from multicritic.training.optimizers import LaProp
 from multicritic.math.returns import lambda_returns
 from multicritic.demo.config import DEFAULT_SCALES, DemoConfig, check_config, demo_mdp
 from multicritic.demo.mdp import MDP, encode_states
+from multicritic.demo import numerics
 from multicritic.model.sizes import get_model_dims
 from multicritic.training.trainer import CriticTrainer, predict_function
 
@@ -222,6 +224,13 @@ class Session:
         return metrics
 
 
+def _terminal() -> bool:
+    """Whether stdout shows a progress bar as one: a terminal or a notebook. Keras's Progbar redraws on any POSIX
+    stdout, which piped or redirected to a file is one long line of control codes per scale."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    return bool(isatty is not None and isatty()) or "ipykernel" in sys.modules
+
+
 def train_one_scale(
     config: DemoConfig, mdp: MDP, h: np.ndarray, z: np.ndarray, progress: bool = True, session: Optional[Session] = None
 ) -> ScaleResult:
@@ -232,7 +241,7 @@ def train_one_scale(
     options = session.options
     normalizer = None if options is None else ReturnNormalizer(**options["normalizer"])
     true = mdp.values()
-    bar = keras.utils.Progbar(config.steps, stateful_metrics=["rel_rmse"], verbose=1 if progress else 0)
+    bar = keras.utils.Progbar(config.steps, stateful_metrics=["rel_rmse"], verbose=1 if progress and _terminal() else 0)
     result = ScaleResult(reward_scale=0.0, relative_rmse=float("nan"), steps=config.steps, seconds=0.0)
     start = time.perf_counter()
     for step in range(1, config.steps + 1):
@@ -267,12 +276,21 @@ def train_one_scale(
     return result
 
 
-def run_demo(config: DemoConfig, progress: bool = True, log=print) -> List[ScaleResult]:
+def run_demo(config: DemoConfig, progress: bool = True, log=print, pin_numerics: bool = True) -> List[ScaleResult]:
     """Trains one fresh critic per reward scale on the same MDP; returns the results.
+
+    `progress`: a progress bar per scale where stdout is a terminal or a notebook (none when it is piped or
+    redirected, whatever `progress` says).
+
+    `pin_numerics`: on JAX, before JAX has started in this process, fix what the numbers would otherwise take
+    from the CPU (`multicritic.demo.numerics.pin`: XLA's threads, instruction set and math, for the whole
+    process), so that they are the same on every x86-64 CPU.
 
     Raises a `ValueError` before any work for a setting `check_config` refuses.
     """
     check_config(config)
+    if pin_numerics:  # before the first JAX computation, which starts XLA's CPU client with the settings it keeps
+        log(numerics.describe(numerics.pin(keras.backend.backend())))
     rng = np.random.default_rng(config.seed)
     base = demo_mdp(config, rng)
     dims = get_model_dims(config.size)
@@ -333,6 +351,8 @@ def to_json(config: DemoConfig, results: Sequence[ScaleResult], include_values: 
         "backend": keras.backend.backend(),
         "config": asdict(config) | {"scales": list(config.scales)},
         "scales": scales,
+        # What the numbers depend on besides the config (versions, CPU, the pins): issue 72.
+        "environment": numerics.environment(keras.backend.backend()),
     }
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 
 import keras
 import numpy as np
 from keras import ops
 
 from multicritic.backend import contract as backends
-from multicritic.files.runtimes import FORMATS, check_path, load_exported  # noqa: F401  (load_exported: the runtimes that serve an export)
+from multicritic.files.runtimes import FORMATS, OUTPUT_NAMES, check_path, load_exported  # noqa: F401  (load_exported: the runtimes that serve an export)
 
 # The (backend, format) pairs that export with a dynamic batch and reload with the format's own runtime (tested).
 SUPPORTED = backends.EXPORT_FORMATS
@@ -24,19 +25,24 @@ def serving_inverse_symlog(y):
 
 
 class ServingCritic(keras.Model):
-    """The critic's serving signature: `(h, z) -> (value_real, value_symlog, logits)`, fast or EMA weights."""
+    """The critic's serving signature: `(h, z) -> (value_real, value_symlog, logits)`, fast or EMA weights.
 
-    def __init__(self, critic, use_ema=False, **kwargs):
+    `named=True`: the three as a dict keyed by `OUTPUT_NAMES`, which a SavedModel's signature takes as its
+    output names (a tuple's are `output_0` to `output_2`)."""
+
+    def __init__(self, critic, use_ema=False, named=False, **kwargs):
         # float32 in and out whatever the global policy: the critic casts to its own compute dtype.
         kwargs.setdefault("dtype", "float32")
         super().__init__(name=f"{critic.name}_serving", **kwargs)
         self.critic = critic
         self.use_ema = bool(use_ema)
+        self.named = bool(named)
         self.built = critic.built  # nothing of its own to build
 
     def call(self, h, z):
         value, logits = self.critic(h, z, use_ema=self.use_ema)
-        return serving_inverse_symlog(value), value, logits
+        outputs = (serving_inverse_symlog(value), value, logits)
+        return dict(zip(OUTPUT_NAMES, outputs)) if self.named else outputs
 
 
 def input_signature(critic):
@@ -84,6 +90,16 @@ def export(critic, filepath, format="tf_saved_model", verbose=None, use_ema=Fals
     if compute_dtype not in ("float32", None):
         raise ValueError(f"compute_dtype: got {compute_dtype!r}, expected 'float32' or None (the critic's policy).")
     filepath = check_path(filepath, format)
-    serving = ServingCritic(float32_copy(critic) if compute_dtype == "float32" else critic, use_ema=use_ema)
+    serving = ServingCritic(
+        float32_copy(critic) if compute_dtype == "float32" else critic,
+        use_ema=use_ema,
+        named=format == "tf_saved_model",
+    )
     kwargs.setdefault("input_signature", input_signature(critic))
-    return serving.export(filepath, format=format, verbose=None if verbose is None else bool(verbose), **kwargs)
+    if verbose is None or verbose:
+        return serving.export(filepath, format=format, verbose=None if verbose is None else True, **kwargs)
+    # Quiet means quiet: the converters' tracing warnings too (PyTorch's TracerWarning on every shape read as an
+    # int: the feature sizes are fixed by design, and the tests reload every export at several batch sizes).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return serving.export(filepath, format=format, verbose=False, **kwargs)

@@ -42,6 +42,34 @@ class FileMethods:
             lambda tmp: super(FileMethods, self).load_weights(tmp, **kwargs),
         )
 
+    @classmethod
+    def from_weights_file(cls, filepath, **overrides):
+        """The critic a file holds: built from the configuration saved in it, its weights loaded.
+
+        `filepath`: a `.weights.h5` written by `save_weights` (its root attribute
+        `multicritic_config` holds the critic's `get_config()`) or a `.keras`
+        archive (`critic.save`; `keras.models.load_model` reads it too, and
+        restores the compiled state). The weights load with every check of
+        `load_weights`. A `.weights.h5` written by plain Keras has no
+        configuration: a `ValueError` says so (build the critic, then
+        `load_weights`).
+
+        Args:
+            filepath: the file, a str or os.PathLike.
+            **overrides: options to build with instead of the saved ones,
+                e.g. `dtype="mixed_bfloat16"` or `name`; an architecture
+                option that differs from the file's makes `load_weights`
+                refuse it, naming the difference.
+
+        Returns:
+            The critic, built, with the file's fast and EMA weights.
+
+        Examples:
+            >>> critic.save_weights("critic.weights.h5")
+            >>> same = CriticNetwork.from_weights_file("critic.weights.h5")
+        """
+        return weights.from_file(cls, filepath, overrides)
+
     def export(
         self,
         filepath,
@@ -53,6 +81,9 @@ class FileMethods:
         **kwargs,
     ):
         """Exports the critic for serving: `(h, z) -> (value_real, value_symlog, logits)`, any batch size.
+
+        A SavedModel's `serving_default` signature names its inputs `h` and `z` and its outputs
+        `value_real`, `value_symlog` and `logits`.
 
         Through Keras's `Model.export`, from the backends where Keras supports
         the format with a dynamic batch: `"tf_saved_model"` (TensorFlow, JAX),
@@ -71,7 +102,9 @@ class FileMethods:
                 its (float32) weights, which every runtime runs as Keras
                 does; `None`: the critic's own policy (ONNX Runtime and LiteRT
                 have no CPU kernels for some bfloat16 / float16 ops).
-            verbose: as Keras's `Model.export` (True, False or None).
+            verbose: as Keras's `Model.export` (True, False or None); False also
+                silences the converters' warnings (PyTorch's tracer's), so nothing
+                is printed.
             input_signature: as Keras's `Model.export` (default: `h [None,
                 gru_units]`, `z [None, cats, classes]`, float32).
             **kwargs: passed to Keras's `Model.export`; options the format

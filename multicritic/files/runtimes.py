@@ -15,6 +15,8 @@ import numpy as np
 
 # The export formats, each served by its own runtime.
 FORMATS = ("tf_saved_model", "onnx", "litert")
+# A SavedModel's outputs by name (its `serving_default` signature's keys), in the order `load_exported` returns.
+OUTPUT_NAMES = ("value_real", "value_symlog", "logits")
 
 
 def check_path(filepath, format, what="filepath", exists=False) -> str:
@@ -92,7 +94,10 @@ def _load(path, format):
         loaded = tf.saved_model.load(path)  # kept alive: it owns the variables `serve` reads
 
         def run(h, z):
-            return tuple(np.asarray(o) for o in loaded.serve(tf.constant(h, tf.float32), tf.constant(z, tf.float32)))
+            out = loaded.serve(tf.constant(h, tf.float32), tf.constant(z, tf.float32))
+            # Named outputs (a dict); exports written before they were named return a tuple in the same order.
+            out = [out[name] for name in OUTPUT_NAMES] if isinstance(out, dict) else out
+            return tuple(np.asarray(o) for o in out)
 
         return run
     if format == "onnx":

@@ -69,10 +69,10 @@ def _read(path):
     return data, None, sealed
 
 
-def load(critic, path, save_fn, load_fn) -> None:
-    """Checks `path` in full against `critic`, then loads it with Keras's `load_weights` (`load_fn`)."""
-    name = os.fspath(path)
-    where = f"filepath: {name!r}"
+def _contents(path):
+    """`(h5 bytes, saved config or None, arrays by name)` of a `.weights.h5` or `.keras` file: its seal checked,
+    and its config, where it has one, a JSON object."""
+    where = f"filepath: {os.fspath(path)!r}"
     h5_bytes, config, sealed = _read(path)
     try:
         with h5py.File(io.BytesIO(h5_bytes), "r") as f:
@@ -85,10 +85,16 @@ def load(critic, path, save_fn, load_fn) -> None:
         if isinstance(err, ValueError) and str(err).startswith(where):
             raise
         raise ValueError(f"{where} is not a readable weights file ({err}).") from err
-    if config is not None:
-        if not isinstance(config, dict):
-            raise ValueError(f"{where}: its saved config is a {type(config).__name__}, expected a JSON object.")
+    if config is not None and not isinstance(config, dict):
+        raise ValueError(f"{where}: its saved config is a {type(config).__name__}, expected a JSON object.")
+    return h5_bytes, config, arrays
 
+
+def load(critic, path, save_fn, load_fn) -> None:
+    """Checks `path` in full against `critic`, then loads it with Keras's `load_weights` (`load_fn`)."""
+    where = f"filepath: {os.fspath(path)!r}"
+    h5_bytes, config, arrays = _contents(path)
+    if config is not None:
         diff = integrity.config_differences(
             upgrade_config(config)[0], json.loads(json.dumps(critic.get_config(), default=str)), IGNORED_CONFIG_KEYS
         )
@@ -148,3 +154,53 @@ def load_weights(critic, filepath, skip_mismatch, save_fn, load_fn) -> None:
         raise ValueError(
             f"load_weights: could not load {str(filepath)!r} into this critic; its weights are unchanged. Cause: {err}"
         ) from err
+
+
+def from_file(cls, filepath, overrides):
+    """`CriticNetwork.from_weights_file`: `cls` built from the config `filepath` holds (with `overrides`), then
+    `load_weights(filepath)` with every check that makes."""
+    try:
+        name = os.fspath(filepath)
+    except TypeError:
+        raise ValueError(f"filepath: got {filepath!r}, expected a path (a str or os.PathLike).") from None
+    _, config, _ = _contents(filepath)
+    if config is None:
+        raise ValueError(
+            f"filepath: {name!r} holds no critic configuration (a .weights.h5 written by plain Keras's "
+            f"save_weights); build the critic with its options, then call load_weights({name!r})."
+        )
+
+    def not_a_critic(err):
+        return ValueError(
+            f"filepath: {name!r} holds a configuration that does not build a {cls.__name__} "
+            f"({type(err).__name__}: {err})."
+        )
+
+    if name.endswith(".keras"):
+        # A .keras archive names its model's class: another model's config would reach the critic's constructor.
+        with zipfile.ZipFile(io.BytesIO(integrity.read_file(filepath, "filepath")[0])) as archive:
+            saved_class = json.loads(archive.read("config.json")).get("class_name")
+        if saved_class != cls.__name__:
+            raise ValueError(
+                f"filepath: {name!r} holds a {saved_class}, expected a {cls.__name__} (keras.models.load_model "
+                "loads any model's .keras file)."
+            )
+    try:
+        config = upgrade_config(config)[0]
+    except Exception as err:  # a config this critic's upgrades cannot read
+        raise not_a_critic(err) from err
+    unknown = sorted(k for k in overrides if k not in config)
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]}: not an option of the critic {name!r} holds; expected some of {sorted(config)}."
+        )
+    try:
+        critic = cls.from_config({**config, **overrides})
+    except ValueError:  # the critic's own checks, which name the option
+        raise
+    except Exception as err:
+        raise not_a_critic(err) from err
+    if not critic.built:
+        raise ValueError(f"filepath: {name!r} holds a configuration without the critic's input sizes.")
+    critic.load_weights(filepath)
+    return critic

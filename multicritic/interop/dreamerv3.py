@@ -18,8 +18,12 @@ initialised to zero: `outscale=0`); hidden kernels `trunc_normal_in`
 (`multicritic.model.sizes.OFFICIAL_2024_SIZES`).
 
 The slow critic: `SlowModel(rate=0.02, every=1)` copies the fast critic on
-first use, then mixes `rate` every `every` updates after each optimizer
-step: `critic.update_ema(tau=0.02, step=count, period=every)`.
+first use (before its first update: the critic's EMA copy starts as that
+copy), then, after each optimizer step, mixes `rate` in at the updates whose
+count so far (`slowval_count`, from 0) is a multiple of `every`:
+`critic.update_ema(tau=rate, step=count + every, period=every)`. (`step=count`
+would copy the fast critic again at the first update, where the official
+code mixes.)
 """
 
 from __future__ import annotations

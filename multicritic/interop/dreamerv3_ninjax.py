@@ -45,10 +45,20 @@ the stock step's bit for bit. What differs: with optimised XLA the fused
 graphs round differently (from the same state, the total loss by 1e-6
 relative; over steps the RMS-normalised update amplifies the rounding where
 gradients are tiny); under bfloat16 the stock head computes in bfloat16 and
-the critic in float32; `distribution="critic"` (multicritic's own two-hot
+the critic in float32, unless its dtype policy is a bfloat16 one (below);
+`distribution="critic"` (multicritic's own two-hot
 over its symexp buckets, 23 of 255 bit-equal to the official bins, the rest
 within 1.2e-6 relative) gives the same loss at the first step and float32
 rounding differences in the returns after.
+
+Dtypes: the head's entries in the host's state are float32 whatever the
+critic's dtype policy (the stock head's are; the host's optimizer updates
+them in place, where bfloat16 would round most of an update at the official
+learning rate away). The forward pass computes in the critic's compute dtype:
+float32 by default; with `dtype="mixed_bfloat16"` (or `"bfloat16"`) the trunk
+computes in bfloat16, as the stock head does under the official
+`--jax.compute_dtype bfloat16`, and the head in float32 (the critic's head
+always is); gradients reach the float32 entries.
 
 ninjax is imported on first use (`pip install "multicritic[dreamerv3]"`);
 the official code itself is never imported: its `embodied.jax` module comes
@@ -65,9 +75,12 @@ from typing import Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tupl
 import numpy as np
 from keras import ops
 
+from multicritic import heads, trunks
 from multicritic.backend import contract
 from multicritic.interop import _common, dreamerv3
 from multicritic.math.bins import inverse_symlog
+from multicritic.model import options as critic_options
+from multicritic.validation import integer
 
 NAMES = ("val", "slowval")
 """The official agent's value head and slow value head (`agent.py:65-67`)."""
@@ -139,8 +152,11 @@ def official_critic(value: Mapping, rssm: Mapping, **options):
         `initializer="host"` replaces them by the official draw).
 
     Raises:
-        ValueError: for a missing size, an architecture the official names
-            cannot hold, or a size given in `options`.
+        ValueError: for a missing size or one that is not a whole number, an
+            architecture the official names cannot hold (another `norm`,
+            `norm_epsilon`, `use_bias`, `bin_scheme`, bounds,
+            `input_layout`, head, trunk, or an ensemble), or a size given in
+            `options`; nothing is built for them.
 
     Example:
         >>> critic = official_critic(config.agent.value, config.agent.dyn.rssm)   # size1m: 640 -> 3 x 64 -> 255
@@ -156,33 +172,83 @@ def official_critic(value: Mapping, rssm: Mapping, **options):
                 "multicritic's critic reproduces (the layout of multicritic.interop.dreamerv3)."
             )
     sizes = {}
-    for option, mapping, what, key in (
-        ("num_dense_layers", value, "value", "layers"),
-        ("dense_hidden_units", value, "value", "units"),
-        ("num_buckets", value, "value", "bins"),
-        ("gru_units", rssm, "rssm", "deter"),
-        ("num_z_categoricals", rssm, "rssm", "stoch"),
-        ("num_z_classes", rssm, "rssm", "classes"),
+    for option, mapping, what, key, low in (
+        ("num_dense_layers", value, "value", "layers", 1),
+        ("dense_hidden_units", value, "value", "units", 1),
+        ("num_buckets", value, "value", "bins", 2),
+        ("gru_units", rssm, "rssm", "deter", 1),
+        ("num_z_categoricals", rssm, "rssm", "stoch", 1),
+        ("num_z_classes", rssm, "rssm", "classes", 1),
     ):
         if key not in mapping:
             raise ValueError(f"{what}: got no {key!r}, expected the agent's {paths[what]} with {key!r}.")
-        sizes[option] = int(mapping[key])
+        try:
+            sizes[option] = integer(key, mapping[key], low=low)
+        except ValueError:
+            raise ValueError(
+                f"{what}: got {key}={mapping[key]!r}, expected an integer >= {low} (the agent's {paths[what]}.{key})."
+            ) from None
     clash = sorted(set(options) & set(_SIZES))
     if clash:
         raise ValueError(
             f"{clash[0]}: got {options[clash[0]]!r}, expected no {clash[0]}: the sizes come from value and rssm "
             "(the host's config), so that the critic fits the host's features and checkpoints."
         )
+    # At once, before anything is built (another head may be refused by the critic for its support first); a part
+    # of the official kind with other options of its own, on the critic it makes, below.
+    for option, want in {**_REQUIRED, "ensemble_size": 1}.items():
+        if option in options and _given_kind(option, options[option]) != want:
+            raise _not_official(option, options[option], want)
     from multicritic.model.critic import CriticNetwork
 
     python_random = random.getstate()
     try:
         critic = CriticNetwork(model_size=None, **sizes, **{**dreamerv3.CRITIC_OPTIONS, **options})
+        found = _architecture_difference(critic)
+        if found is not None:
+            option, got, want = found
+            raise _not_official(option, options.get(option, got), want)
         z = ops.zeros((1, sizes["num_z_categoricals"], sizes["num_z_classes"]))
         critic(ops.zeros((1, sizes["gru_units"])), z)
     finally:
         random.setstate(python_random)
     return critic
+
+
+def _given_kind(option: str, given):
+    """An option as given, but a part (`head`, `trunk`: a name, spec, class or instance) as its registered name."""
+    registry = {"head": heads.HEADS, "trunk": trunks.TRUNKS}.get(option)
+    if registry is None or isinstance(given, str):
+        return given
+    try:
+        return given.get("class_name") if isinstance(given, Mapping) else registry.name_of(given)
+    except (ValueError, TypeError):
+        return given  # not a part at all: refused as it is
+
+
+def _not_official(option, got, want) -> ValueError:
+    return ValueError(
+        f"{option}: got {got!r}, expected {want!r}: the official value head's parameter names "
+        "(multicritic.interop.dreamerv3's layout, which the swap serves) hold no other architecture."
+    )
+
+
+def _architecture_difference(critic) -> Optional[Tuple[str, object, object]]:
+    """`(option, the critic's value, the official one)` of the first architecture option the official value head
+    cannot hold, or None."""
+    config = critic.get_config()
+    for option, want in _REQUIRED.items():
+        if option == "head":
+            same = config[option] == heads.HEADS.canonical(want, critic_options.support_of(config))
+        elif option == "trunk":
+            same = config[option] == trunks.TRUNKS.canonical(want, critic_options.trunk_options_of(config))
+        else:
+            same = getattr(critic, option) == want
+        if not same:
+            return option, config[option], want
+    if critic.ensemble_size != 1:
+        return "ensemble_size", critic.ensemble_size, 1
+    return None
 
 
 class CriticOutput:
@@ -204,10 +270,29 @@ class CriticOutput:
         return inverse_symlog(self.head.decode(self.logits))
 
     def loss(self, target):
-        """The head's value loss `[...]` of real-space targets `target [...]` (two-hot cross-entropy for the
-        two-hot head), the target's gradient stopped as the official `TwoHot.loss` stops it."""
+        """The head's value loss of real-space targets `target` (two-hot cross-entropy for the two-hot head), the
+        target's gradient stopped as the official `TwoHot.loss` stops it. `target` and the logits' leading shape
+        broadcast as there (numpy's rules: a scalar, `[T]` against `[B, T]`, ...); the loss has their broadcast
+        shape.
+
+        Raises:
+            ValueError: for a `target` whose shape does not broadcast with the logits' leading shape.
+        """
         target = ops.stop_gradient(ops.cast(target, "float32"))
-        value_term, _ = self.head.position_losses(self.logits, target, None, None, regularizer="two_hot_mean")
+        logits = self.logits
+        lead, given = tuple(logits.shape[:-1]), tuple(target.shape)
+        try:
+            shape = tuple(np.broadcast_shapes(given, lead))
+        except ValueError:
+            raise ValueError(
+                f"target: got shape {list(given)}, expected a shape that broadcasts with the logits' leading shape "
+                f"{list(lead)} (as the official TwoHot.loss broadcasts its target)."
+            ) from None
+        if given != shape:
+            target = ops.broadcast_to(target, shape)
+        if lead != shape:
+            logits = ops.broadcast_to(logits, (*shape, logits.shape[-1]))
+        value_term, _ = self.head.position_losses(logits, target, None, None, regularizer="two_hot_mean")
         return value_term
 
 
@@ -295,6 +380,17 @@ def _layout(critic) -> _Layout:
         if id(var) not in fast:
             raise ValueError(f"critic: got the variable {var.path!r}, which the official value head has no name for.")
         keys.append(fast[id(var)])
+    trained = set(keys)
+    for key, var, _, _ in entries:
+        if key not in trained:
+            dtype = str(var.dtype)
+            why = "quantized" if not dtype.startswith(("float", "bfloat")) else "frozen (trainable=False)"
+            raise ValueError(
+                f"critic: got {key!r} ({var.path}, {dtype}) not trainable, a {why} critic; expected every weight of "
+                f"the official value head trainable ({len(entries)} of them): the host's optimizer trains each as "
+                "a ninjax entry of the head (nj.grad), in float32. Swap a trainable float critic (quantize or freeze "
+                "it after training, outside the agent)."
+            )
     return _Layout(
         keys=tuple(keys),
         shapes=tuple(tuple(int(d) for d in var.shape) for var in critic.trainable_variables),
@@ -324,9 +420,11 @@ def _serve(head, x, bdims):
     if head.host is not None and any(f"{head.path}/{k}" not in context for k in layout.keys):
         head.host(x, bdims)  # the creation pass: the official MLPHead draws its parameters at this path
     # The critic's current weights make missing entries (`initializer="critic"`): constants of the host's
-    # initialisation, read on device (a Keras variable's value is a JAX array), in the stock head's order.
+    # initialisation, read on device (a Keras variable's value is a JAX array), in the stock head's order. Always
+    # float32, as the stock head's: the host's optimizer updates them in place, and a bfloat16 entry would round
+    # most of an update away; the critic's dtype policy sets what its forward pass computes in (below).
     variables = dict(zip(layout.keys, critic.trainable_variables))
-    params = {k: head.value(k, lambda v=variables[k]: v.value) for k in layout.created}
+    params = {k: head.value(k, lambda v=variables[k]: ops.cast(v.value, "float32")) for k in layout.created}
     for key, want in zip(layout.keys, layout.shapes):
         if tuple(params[key].shape) != want:
             raise ValueError(
@@ -466,7 +564,9 @@ def swap_value_heads(
             whose `MLPHead` the agent calls.
         critic: a built single `CriticNetwork` on JAX of the official value
             head's architecture and sizes (`official_critic(config.agent.value,
-            config.agent.dyn.rssm)`).
+            config.agent.dyn.rssm)`), with trainable weights. Its dtype policy
+            sets what its forward pass computes in; the host's entries are
+            float32 whatever it is (see the module's docstring).
         names: the heads to serve (`"val"`, `"slowval"`; `("val",)` keeps the
             official slow head, which `SlowModel` keeps in step either way).
         initializer: `"host"`: the official initialisers draw the initial
@@ -482,8 +582,9 @@ def swap_value_heads(
         A `ValueHeadSwap` (`restore()`, a context manager; `heads` once built).
 
     Raises:
-        ValueError: for a critic that is not on JAX, not built, an ensemble or
-            of another architecture; a `namespace` without `MLPHead` (or
+        ValueError: for a critic that is not on JAX, not built, an ensemble,
+            of another architecture, or whose value-head weights are not all
+            trainable (frozen, quantized, LoRA); a `namespace` without `MLPHead` (or
             already swapped); bad `names`; an unknown `initializer` or
             `distribution`. A head whose `config.value` or features do not fit
             the critic raises one when the agent builds or traces it.
@@ -501,6 +602,7 @@ def swap_value_heads(
         Hafner et al., "Mastering Diverse Domains through World Models" (2023-2024; the code at commit e3f0224).
     """
     _check_critic(critic)
+    _layout(critic)  # a LoRA, frozen or quantized critic: refused now, not when the agent builds its heads
     if not callable(getattr(namespace, "MLPHead", None)):
         raise ValueError(f"namespace: got {namespace!r}, expected the host's embodied.jax module (with its MLPHead).")
     if getattr(namespace.MLPHead, _SWAPPED, None) is not None:

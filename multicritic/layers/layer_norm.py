@@ -37,6 +37,9 @@ def layer_norm(x, gamma, beta, epsilon, center=True):
     formula's bits.
     """
     x = ops.cast(x, "float32") if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16") else x
+    # A critic built with dtype="bfloat16" / "float16" stores gamma and beta in that dtype: TensorFlow's eager
+    # ops do not promote (float32 + bfloat16 is an InvalidArgumentError), so they join x's dtype here.
+    gamma, beta = _like(gamma, x), _like(beta, x)
     if backend.current().fused_norms:
         return _fused_norm(x, gamma, beta, epsilon, center)
     unguarded = guard_scope.left_out()
@@ -56,6 +59,15 @@ def layer_norm(x, gamma, beta, epsilon, center=True):
     # Scaled per row first, then by gamma: grouping `rsqrt * gamma` instead
     # makes XLA's backward pass materialise that [B, units] outer product.
     return centered * inv_std * gamma + beta
+
+
+def _like(v, x):
+    """`v` (a Python number, a tensor or a variable) in `x`'s dtype."""
+    if isinstance(v, (int, float)) or keras.backend.standardize_dtype(v.dtype) == keras.backend.standardize_dtype(
+        x.dtype
+    ):
+        return v
+    return ops.cast(v, x.dtype)
 
 
 def _inv_std(centered, variance, epsilon):

@@ -13,7 +13,6 @@ from multicritic.backend import contract as backend_lib
 from multicritic.files.methods import FileMethods
 from multicritic.math import ema as ema_lib
 from multicritic.model import members
-from multicritic.model.pass_structure import PassStructure
 from multicritic.model.views import ModuleViews
 from multicritic.model.options import (  # noqa: F401  (the critic's option names, also read from here)
     AGGREGATIONS,
@@ -351,7 +350,7 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
             return backend_lib.current().replay(
                 self,
                 self._variables,
-                ("call", use_ema, self.forward_signature()),
+                ("call", use_ema),
                 self._call_ema if use_ema else self._call_fast,
                 (h, z),
             )
@@ -365,22 +364,6 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
 
     def _call_ema(self, h, z):
         return self._keras_call(h, z, use_ema=True)
-
-    def forward_signature(self) -> Tuple:
-        """What a forward pass's ops depend on besides the inputs and the weights' values: the dtype policy and
-        each Dense layer's compute dtype, quantization mode and LoRA state (changed by `quantize` /
-        `enable_lora`)."""
-        kept = self.__dict__.get("_forward_signature")
-        if kept is None:
-            # Set past Keras's tracking (these layers are tracked as sub-layers already).
-            layers = (
-                tuple(self.mlp.dense_layers)
-                + tuple(self.mlp_ema.dense_layers)
-                + (self.return_layer.reward_buckets_layer, self.return_layer_ema.reward_buckets_layer)
-            )
-            kept = (layers, PassStructure())
-            object.__setattr__(self, "_forward_signature", kept)
-        return kept[1](self, kept[0])
 
     def _keras_call(self, h, z, *args, **kwargs):
         # Before Keras's own checks, which refuse lists and name no argument.
@@ -419,6 +402,37 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
             ops.reshape(logits, members + tuple(lead) + (logits.shape[-1],)),
         )
 
+    def stateless_call(self, trainable_variables, non_trainable_variables, h, z=None, *args, **kwargs):
+        """Keras's `stateless_call` (the pass over the given variables' values; nothing assigned), taking what
+        `critic(h, z)` takes: `h [..., gru_units]` and `z [..., num_z_categoricals, num_z_classes]` with any
+        leading dims (`[T, B, ...]`), kept in the outputs as `critic(h, z)` keeps them."""
+        h, z = h_z_pair(h, z)
+        h, z = real_tensor("h", h, self.compute_dtype), real_tensor("z", z, self.compute_dtype)
+        lead = self._leading_dims(h, z)
+        if lead is None:
+            return super().stateless_call(trainable_variables, non_trainable_variables, h, z, *args, **kwargs)
+        # Keras's `stateless_call` runs `call`, which takes one batch axis: flattened as `critic(h, z)` flattens.
+        h_flat, z_flat = ops.reshape(h, (-1, h.shape[-1])), ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
+        outputs, *state = super().stateless_call(
+            trainable_variables, non_trainable_variables, h_flat, z_flat, *args, **kwargs
+        )
+        return (self._unflatten(outputs, lead), *state)
+
+    def _leading_dims(self, h, z):
+        """The leading dims of `h [..., gru_units]` and `z [..., num_z_categoricals, num_z_classes]`, checked as
+        `critic(h, z)` checks them; None for inputs with one batch axis or fewer (the network's own checks)."""
+        if len(h.shape) <= 2 or len(z.shape) <= 3:
+            return None
+        lead = static_shape(h.shape)[:-1]
+        if len(z.shape) != len(h.shape) + 1 or not compatible(static_shape(z.shape)[:-2], lead):
+            raise ValueError(
+                f"h, z: got shapes {list(static_shape(h.shape))} and {list(static_shape(z.shape))}; expected h [..., "
+                f"gru_units={self.gru_units}] and z [..., num_z_categoricals={self.num_z_categoricals}, "
+                f"num_z_classes={self.num_z_classes}] with the same leading dimensions."
+            )
+        self.check_inputs((None,) + static_shape(h.shape)[-1:], (None,) + static_shape(z.shape)[-2:])
+        return ops.shape(h)[:-1]
+
     @property
     def latent_size(self) -> Optional[int]:
         """The width of one flat latent, `gru_units + num_z_categoricals * num_z_classes`."""
@@ -442,7 +456,7 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         return backend_lib.current().replay(
             self,
             self._variables,
-            ("on_latent", bool(use_ema), outputs, self.forward_signature()),
+            ("on_latent", bool(use_ema), outputs),
             _OnLatent(self, bool(use_ema), outputs),
             (latent,),
         )

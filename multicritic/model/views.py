@@ -12,7 +12,10 @@ from multicritic.backend import contract
 from multicritic.math import ema
 
 
-class ModuleViews:
+# On PyTorch the critic is itself a `torch.nn.Module`, and torch calls its module methods on it (`half()` calls
+# `self._apply`): the backend's base class gives the critic its views' (dtype conversions refused, the slow critic
+# never requiring gradients, all-or-nothing loads).
+class ModuleViews(contract.current().critic_module_methods):
     """`fast_module`, `ema_module`, `torch_module` and `view_names` of a critic (a mixin of `CriticNetwork`)."""
 
     def fast_module(self, outputs: str = "logits", layout=None):

@@ -13,7 +13,9 @@ before any collective of the training:
   host's value. `CriticTrainer` checks its critic config, dtype policy,
   options, optimizer and state variables this way when it is built; a host
   that builds its critic under a distribution (JAX, TensorFlow) checks the
-  critic's config with `agree` first.
+  critic it asks for with `agree_critic` first: the configs the hosts' specs
+  resolve to (`critic_config`, every default filled in), so that an option
+  one host leaves at its default and another sets is named with both values.
 - `save`: host 0 (the chief) alone writes the sealed checkpoint (atomically,
   `multicritic.files.integrity`); every host returns when it is written, or raises
   the chief's error.
@@ -33,11 +35,12 @@ collective.
 
 from __future__ import annotations
 
+import inspect
 import json
 import signal
 import threading
 import warnings
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -166,10 +169,12 @@ def _named(part: str, path: Tuple) -> str:
     return " ".join(filter(None, [part, repr(text) if text else ""])) or "the value"
 
 
-def _shown(value) -> str:
+def _shown(value, whole: bool = False) -> str:
+    """A host's value at a differing option: a part spec by its name, unless `whole` (every host's spec has the
+    same name: then the name tells the hosts apart by nothing)."""
     if value is _MISSING:
         return "no such option"
-    text = repr(value["class_name"] if _keyed(value) else value)
+    text = repr(value["class_name"] if _keyed(value) and not whole else value)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -181,8 +186,10 @@ def agree(what: str, value, variables: Sequence = ()) -> None:
     exchange their values, so the error names the first option that differs
     and each host's value (`hosts disagree on critic option 'head.sigma': host
     0 has 0.75, host 1 has 1.0`), and the next few that differ. Call it on
-    every host, before the first collective that `value` would break
-    (building a critic under a distribution, the first train step).
+    every host, before the first collective that `value` would break (the
+    first train step). Values are compared as given: an option one host
+    leaves out is `no such option` there, whatever its default; before
+    building a critic, `agree_critic` compares what the specs resolve to.
 
     Args:
         what: what is compared, for the error message.
@@ -190,14 +197,16 @@ def agree(what: str, value, variables: Sequence = ()) -> None:
         variables: as `topology`.
 
     Examples:
-        >>> config = {"model_size": "nano"}
-        >>> hosts.agree("critic", {"critic option": config})  # before building the critic on each host
-        >>> critic = CriticNetwork(**config)
+        >>> hosts.agree("run", {"run option": {"steps": 100, "seed": 0}})
     """
     parts = {str(name): part for name, part in value.items()} if isinstance(value, Mapping) else {"": value}
     if topology(variables)[1] == 1:
         return
-    everyone = gather(parts, variables, kind=f"agree {what}")
+    _refuse_differences(what, gather(parts, variables, kind=f"agree {what}"))
+
+
+def _refuse_differences(what: str, everyone: List[Dict]) -> None:
+    """`agree`'s error, raised unless every host's `{part: value}` (in host order) is the same."""
     found = [
         (part, path)
         for part in dict.fromkeys(name for theirs in everyone for name in theirs)
@@ -206,15 +215,270 @@ def agree(what: str, value, variables: Sequence = ()) -> None:
     if not found:
         return
     part, path = found[0]
-    values = ", ".join(
-        f"host {h} has {_shown(_at(theirs.get(part, _MISSING), path))}" for h, theirs in enumerate(everyone)
-    )
+    at = [_at(theirs.get(part, _MISSING), path) for theirs in everyone]
+    names = {v["class_name"] if _keyed(v) else None for v in at}
+    values = ", ".join(f"host {h} has {_shown(v, whole=len(names) == 1)}" for h, v in enumerate(at))
     more = ", ".join(_named(p, q) for p, q in found[1 : 1 + _MORE_OPTIONS])
     more = f"; they also differ on {more}{' and more' if len(found) > 1 + _MORE_OPTIONS else ''}" if more else ""
     raise ValueError(
         f"{what}: hosts disagree on {_named(part, path)}: {values}{more}; expected the same on every host "
         "(build the same critic and trainer, with the same seed and options, on every host)."
     )
+
+
+def critic_config(spec: Mapping) -> Dict[str, object]:
+    """The config of the critic `spec` asks for, every default filled in, without building it.
+
+    What `CriticNetwork(**spec)` (or `MultiCritic(**spec)`, for a spec with
+    `critics`) would return from `get_config()`: sizes resolved from
+    `model_size`, the head and trunk as their canonical specs (a head given
+    by name holds its default options), the dtype policy the critic would
+    take (the global one unless `dtype` is given), the normalisers' options.
+    No variable is created: building a critic under a JAX or TensorFlow
+    distribution is itself a collective, which hosts that disagree must not
+    enter.
+
+    Raises:
+        ValueError: for an option the critic would refuse, named as it names
+            it (not every check of the critic's own is made here).
+    """
+    return _resolved(spec, serialized=True)
+
+
+def _resolved(spec: Mapping, serialized: bool) -> Dict[str, object]:
+    """`critic_config`; without `serialized`, the dtype policies as their names and no kernel initializer (Keras's
+    serialization imports TensorFlow where it is installed: seconds, before a refusal that takes milliseconds)."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"spec: got a {type(spec).__name__}, expected a dict of CriticNetwork or MultiCritic options.")
+    if "critics" in spec:
+        return _multi_critic_config(spec, serialized)
+    return _critic_config(spec, "spec", serialized)
+
+
+def _policy(dtype, serialized: bool, default=None):
+    """The dtype policy a layer given `dtype` takes (the global one for None, unless `default`), serialized or
+    as its name."""
+    if dtype is None:
+        dtype = default
+    try:
+        policy = keras.config.dtype_policy() if dtype is None else keras.dtype_policies.get(dtype)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"dtype: got {dtype!r}, expected a Keras dtype policy or its name ({err}).") from None
+    return keras.dtype_policies.serialize(policy) if serialized else policy.name
+
+
+def _critic_class():
+    """`CriticNetwork`, as Keras deserializes a critic's config with it: not imported, as the critic imports this
+    module (its `fit` trains through `CriticTrainer`'s step, which checks the hosts here)."""
+    return keras.saving.get_registered_object("multicritic>CriticNetwork")
+
+
+def _keyword_defaults(cls) -> Dict[str, object]:
+    return {
+        name: p.default for name, p in inspect.signature(cls.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
+    }
+
+
+def _critic_config(spec: Mapping, what: str, serialized: bool) -> Dict[str, object]:
+    from multicritic import heads, trunks
+    from multicritic.model import options as critic_options
+
+    defaults = _keyword_defaults(_critic_class())
+    layer = {"name": "critic", "trainable": True, "dtype": None}
+    unknown = sorted(
+        str(k) for k in spec if k not in defaults and k not in layer and k not in critic_options.TRAINING_OPTIONS
+    )
+    if unknown:
+        raise ValueError(f"{what}: got the option {unknown[0]!r}, expected options of CriticNetwork.")
+    given = {**defaults, **{k: v for k, v in spec.items() if k in defaults}}
+    moved = {k: v for k, v in spec.items() if k in critic_options.TRAINING_OPTIONS}
+    dims, _, _, initializer = critic_options.check_options(moved, **given)
+    support = {key: given[key] for key in heads.SUPPORT}
+    trunk_shared = dict(
+        model_size=given["model_size"],
+        num_dense_layers=dims["num_dense_layers"],
+        dense_hidden_units=dims["dense_hidden_units"],
+        norm=given["norm"],
+        norm_epsilon=given["norm_epsilon"],
+        use_bias=given["use_bias"],
+        kernel_initializer=initializer,
+    )
+    return {
+        "name": spec.get("name", layer["name"]),
+        "trainable": spec.get("trainable", layer["trainable"]),
+        "dtype": _policy(spec.get("dtype"), serialized),
+        "model_size": given["model_size"],
+        "num_buckets": int(given["num_buckets"]),
+        "lower_bound": float(given["lower_bound"]),
+        "upper_bound": float(given["upper_bound"]),
+        "ema_decay": float(given["ema_decay"]),
+        "bin_scheme": given["bin_scheme"],
+        **{key: dims[key] for key in ("num_dense_layers", "dense_hidden_units", "gru_units")},
+        **{key: dims[key] for key in ("num_z_categoricals", "num_z_classes")},
+        "head": _part(heads.HEADS, heads.legacy_spec(given["head"], given["hl_gauss_sigma"]), support, serialized),
+        "trunk": _part(trunks.TRUNKS, given["trunk"], trunk_shared, serialized),
+        "ensemble_size": int(given["ensemble_size"]),
+        "aggregation": given["aggregation"],
+        "aggregation_subset": int(given["aggregation_subset"]),
+        "norm": given["norm"],
+        "norm_epsilon": float(given["norm_epsilon"]),
+        "use_bias": bool(given["use_bias"]),
+        "kernel_initializer": keras.initializers.serialize(initializer) if serialized else None,
+        "input_layout": given["input_layout"],
+    }
+
+
+def _part(registry, part, shared: Mapping, serialized: bool) -> Dict[str, object]:
+    """The spec the critic stores for `part` (`registry.canonical`); without `serialized`, a part given by name or
+    spec gets its own options' defaults from its class's signature instead of from a built part's `get_config()`
+    (which serializes its dtype policy: see `_resolved`)."""
+    if serialized or not isinstance(part, (str, Mapping)):
+        return registry.canonical(part, shared)
+    from multicritic.registry import LAYER_KEYS
+
+    cls, options = registry.resolve(part, shared)  # (checks the options)
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.kind is p.KEYWORD_ONLY and name not in LAYER_KEYS and name not in registry.shared
+    }
+    return {"class_name": registry.name_of(cls), "config": {**defaults, **options}}
+
+
+def _multi_critic_config(spec: Mapping, serialized: bool) -> Dict[str, object]:
+    from multicritic.model.normalizer import ReturnNormalizer
+    from multicritic.model.options import TRAINING_OPTIONS, upgrade_config
+    from multicritic.validation import number
+
+    critic_class = _critic_class()
+    # What a stream given as a dict may hold (as `MultiCritic` takes it): the critic's options, what its
+    # `get_config()` writes, and the training options older configs hold.
+    stream_keys = {*_keyword_defaults(critic_class), "name", "dtype", "trainable", *TRAINING_OPTIONS}
+
+    unknown = sorted(
+        str(k) for k in spec if k not in ("critics", "stream_weights", "normalizers", "name", "dtype", "trainable")
+    )
+    if unknown:
+        raise ValueError(f"spec: got the option {unknown[0]!r}, expected options of MultiCritic.")
+    critics = spec["critics"]
+    if not isinstance(critics, Mapping) or not critics:
+        raise ValueError(f"critics: got {critics!r}, expected a non-empty dict {{stream: CriticNetwork}}.")
+    configs = {}
+    for stream, critic in critics.items():
+        if isinstance(critic, critic_class):
+            configs[stream] = critic.get_config()
+        elif isinstance(critic, Mapping):
+            unknown = sorted(str(k) for k in critic if k not in stream_keys)
+            if unknown:
+                raise ValueError(
+                    f"critics[{stream!r}]: got the option {unknown[0]!r}, expected options of CriticNetwork (or its "
+                    "get_config())."
+                )
+            # As MultiCritic builds it: `CriticNetwork.from_config`, named after its stream.
+            config = upgrade_config(dict(critic, name=stream))[0]
+            configs[stream] = _critic_config(config, f"critics[{stream!r}]", serialized)
+        else:
+            raise ValueError(f"critics[{stream!r}]: got {type(critic).__name__}, expected a CriticNetwork.")
+    given = {}
+    for what in ("stream_weights", "normalizers"):
+        given[what] = spec.get(what) or {}
+        if not isinstance(given[what], Mapping):
+            raise ValueError(f"{what}: got a {type(given[what]).__name__}, expected a dict {{stream: value}} or None.")
+        unknown = sorted(map(str, set(given[what]) - set(critics)))
+        if unknown:
+            raise ValueError(f"{what}: got streams {unknown}, expected some of {list(critics)}.")
+    normalizer = _keyword_defaults(ReturnNormalizer)
+    normalizers = {}
+    for stream in critics:
+        norm = given["normalizers"].get(stream, "perc_ema")
+        if isinstance(norm, ReturnNormalizer):
+            normalizers[stream] = norm.get_config()
+            continue
+        norm = {"impl": norm} if isinstance(norm, str) else norm
+        if not isinstance(norm, Mapping):
+            raise ValueError(
+                f"normalizers[{stream!r}]: got {norm!r}, expected 'perc_ema', 'none' or a ReturnNormalizer."
+            )
+        options = {**normalizer, **{k: v for k, v in norm.items() if k in normalizer}}
+        if options["rate"] is not None:
+            decay = 1.0 - number("rate", options["rate"], low=0.0, high=1.0, low_open=True)
+        else:
+            decay = number("decay", 0.99 if options["decay"] is None else options["decay"], low=0.0, high=1.0)
+        normalizers[stream] = {
+            "name": f"normalizer_{stream}",
+            "trainable": norm.get("trainable", True),
+            "dtype": _policy(norm.get("dtype"), serialized, default="float32"),
+            "impl": options["impl"],
+            "decay": decay,
+            "low_percentile": number("low_percentile", options["low_percentile"], low=0.0, high=100.0),
+            "high_percentile": number("high_percentile", options["high_percentile"], low=0.0, high=100.0),
+            "limit": number("limit", options["limit"], low=0.0, low_open=True),
+            "debias": options["debias"],
+        }
+    return {
+        "name": spec.get("name", "multi_critic"),
+        "trainable": spec.get("trainable", True),
+        "dtype": _policy(spec.get("dtype"), serialized),
+        "critics": configs,
+        "stream_weights": {
+            s: number(f"stream_weights[{s!r}]", given["stream_weights"].get(s, 1.0), low=0.0) for s in critics
+        },
+        "normalizers": normalizers,
+    }
+
+
+def agree_critic(what: str, spec: Mapping, others: Optional[Mapping] = None, variables: Sequence = ()) -> None:
+    """Before each host builds the critic of `spec`: every host asks for the same critic, else a `ValueError` on
+    every host naming the first option that differs and each host's value.
+
+    The hosts compare what their specs resolve to (`critic_config`: every
+    default filled in), so a head given by name on one host and as a spec
+    on another is compared by its options (`critic option 'head.sigma':
+    host 0 has 0.75, host 1 has 1.0`), and an option one host leaves at its
+    default is named with that default. The dtype policies (the global one
+    and the critic's) come first, then the critic's options; `others` (a
+    `{part: value}` dict, such as a run's options) before both. A spec that
+    a host cannot resolve is refused on every host, naming that host. A
+    collective, as `agree`; it creates no variable. What `CriticTrainer`
+    leaves out of its own check is left out here: the critic's name and
+    kernel initializer (how new weights start).
+
+    Args:
+        what: what is compared, for the error message (`"critic 'single'"`).
+        spec: this host's `CriticNetwork` (or `MultiCritic`) options.
+        others: more `{part: value}` to compare, before the critic.
+        variables: as `topology`.
+
+    Examples:
+        >>> hosts.agree_critic("critic", spec, {"run option": {"steps": 100}})   # on every host, then:
+        >>> critic = CriticNetwork(**spec)
+    """
+    try:
+        config, failure = _resolved(spec, serialized=False), None
+        message = {
+            "parts": {
+                **{str(name): part for name, part in (others or {}).items()},
+                "dtype policy": {"global": keras.config.dtype_policy().name, "critic": config["dtype"]},
+                "critic option": {k: v for k, v in config.items() if k not in checkpoint.IGNORED_CRITIC_KEYS},
+            }
+        }
+    except ValueError as err:  # re-raised below, once the other hosts know
+        failure, message = err, _error(err)
+    if topology(variables)[1] == 1:
+        if failure is not None:
+            raise failure
+        return
+    # One exchange, the refusal of a spec included (a nano critic's fits one round of EXCHANGE_BYTES).
+    everyone = gather(message, variables, kind=f"agree {what}")
+    if failure is not None:
+        raise failure
+    for host, theirs in enumerate(everyone):
+        if "error" in theirs:
+            raise ValueError(
+                f"{what}: host {host} cannot build the critic it asks for ({theirs['error']}); expected a critic "
+                "every host can build."
+            )
+    _refuse_differences(what, [theirs["parts"] for theirs in everyone])
 
 
 def same(what: str, value, expected: str, variables: Sequence = ()) -> None:

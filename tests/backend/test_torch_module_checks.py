@@ -1,14 +1,15 @@
 """PyTorch's generic module checks (its `test/test_modules.py` over `common_modules.module_db`), adapted to every
-module view of the critic with our own inputs: forward against the eager path, copies (`deepcopy`, `pickle`,
-`torch.save`) that stay live, non-contiguous inputs, dtype conversions and device moves, train/eval and `repr`,
-`state_dict` round trips (`strict`, `assign`), `functional_call`, `parametrize`, `torch.autocast`, gradients and
-double backward, `torch.compile` of the view, and a wrapper holding several views. Every check compares with the
-eager path (the Keras ops, replays off), bit for bit where that path is deterministic, or with an independently
-built reference (a copy with the parameters loaded)."""
+module view of the critic and to the critic itself, with our own inputs: forward against the eager path, copies
+(`deepcopy`, `pickle`, `torch.save`) that stay live, non-contiguous inputs, dtype conversions and device moves,
+train/eval and `repr`, `state_dict` round trips (`strict`, `assign`), `functional_call`, `parametrize`,
+`torch.autocast`, gradients and double backward, `torch.compile` of the view, and a wrapper holding several views.
+Every check compares with the eager path (the Keras ops, replays off), bit for bit where that path is deterministic,
+or with an independently built reference (a copy with the parameters loaded)."""
 
 import copy
 import io
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -69,7 +70,6 @@ VIEWS = {
         lambda lat, h, z: ((h, z), {"return_logits": True}),
     ),
 }
-STATE_VIEWS = [name for name in VIEWS if name != "critic"]  # our load_state_dict (the critic's is Keras's)
 
 
 def make(name, seed=0):
@@ -175,7 +175,7 @@ def test_non_contiguous_and_transposed_inputs_equal_the_eager_path(name):
 
 
 @pytest.mark.parametrize("convert", ["double", "half", "bfloat16", "to(float64)", "type(float64)"])
-@pytest.mark.parametrize("name", STATE_VIEWS)
+@pytest.mark.parametrize("name", VIEWS)
 def test_dtype_conversions_are_refused_before_anything_changes(name, convert):
     critic, module, call = make(name)
     x = inputs()
@@ -197,7 +197,7 @@ def test_dtype_conversions_are_refused_before_anything_changes(name, convert):
 
 
 @pytest.mark.skipif(BACKEND != "torch" or not torch.cuda.is_available(), reason="a device move needs a GPU")
-@pytest.mark.parametrize("name", STATE_VIEWS)
+@pytest.mark.parametrize("name", VIEWS)
 def test_device_moves_move_the_critic_and_the_replay_follows(name):
     critic, module, call = make(name)
     x = inputs()
@@ -210,7 +210,7 @@ def test_device_moves_move_the_critic_and_the_replay_follows(name):
     assert_equal(run(call, module, xc), eager(lambda: call(module, *xc)))
 
 
-@pytest.mark.parametrize("name", STATE_VIEWS)
+@pytest.mark.parametrize("name", VIEWS)
 def test_train_eval_and_repr(name):
     _, module, call = make(name)
     x = inputs()
@@ -222,7 +222,7 @@ def test_train_eval_and_repr(name):
     assert type(module).__name__ in text
 
 
-@pytest.mark.parametrize("name", STATE_VIEWS)
+@pytest.mark.parametrize("name", VIEWS)
 def test_state_dict_round_trips_strict_or_not_and_refuses_assign(name):
     _, module, call = make(name)
     x = inputs()
@@ -233,7 +233,9 @@ def test_state_dict_round_trips_strict_or_not_and_refuses_assign(name):
     assert_equal(run(call, module, x), eager(lambda: call(donor, *x)))
     partial = {k: v for k, v in original.items()}
     dropped = next(k for k in partial if "bins" not in k)
-    del partial[dropped]
+    listed = module.state_dict(keep_vars=True)
+    for key in [k for k in partial if listed[k] is listed[dropped]]:  # the critic lists a variable twice
+        del partial[key]
     with pytest.raises(ValueError, match="missing"):
         module.load_state_dict(partial)  # strict: refused, nothing changed
     assert torch.equal(module.state_dict()[dropped], new[dropped])
@@ -242,6 +244,27 @@ def test_state_dict_round_trips_strict_or_not_and_refuses_assign(name):
     assert torch.equal(module.state_dict()[dropped], new[dropped])
     with pytest.raises(ValueError, match="assign"):
         module.load_state_dict(original, assign=True)
+
+
+def test_the_critic_refuses_a_state_dict_whose_keys_of_one_parameter_differ():
+    """The critic lists each variable twice (Keras's parameter dicts: under its layer and under the model); torch
+    copies both keys into the one tensor, so a value edited under one key alone would be silently overwritten:
+    refused, nothing changed."""
+    critic, _, call = make("critic")
+    x = inputs()
+    want = run(call, critic, x)
+    listed = critic.state_dict(keep_vars=True)
+    state = {k: v.detach().clone() for k, v in listed.items()}
+    first = next(iter(state))
+    twin = next(k for k in state if k != first and listed[k] is listed[first])
+    state[first] += 1.0
+    with pytest.raises(ValueError, match=re.escape(f"state_dict[{twin!r}]: got values that differ from state_dict")):
+        critic.load_state_dict(state)
+    assert_equal(run(call, critic, x), want)
+    state[twin] = state[first].clone()
+    critic.load_state_dict(state)
+    assert torch.equal(listed[first], state[first])
+    assert differs(run(call, critic, x), want)
 
 
 @pytest.mark.parametrize("name", VIEWS)
@@ -336,7 +359,7 @@ def test_gradients_and_double_backward_equal_the_eager_path(name):
     assert_equal(grads(), eager(grads))
 
 
-@pytest.mark.parametrize("name", ["fast_module", "sheeprl", "rllib"])
+@pytest.mark.parametrize("name", ["fast_module", "sheeprl", "rllib", "critic"])
 def test_torch_compile_of_the_view_equals_the_eager_path(name):
     _, module, call = make(name)
     x = inputs()
@@ -559,3 +582,111 @@ def test_torch_func_ensemble_of_stacked_copies_equals_each_copys_eager_call(case
     each = [eager(lambda: module(*args, **kwargs)) for module in copies]
     assert differs(each[0], each[1])  # the members differ: a member's parameters mixed up shows
     assert_close(got, [torch.stack(parts) for parts in zip(*map(leaves, each))])
+
+
+# Issue 71: the critic as a PyTorch module in a new user's own actor-critic loop.
+CONVERSIONS = {
+    "double": lambda m: m.double(),
+    "half": lambda m: m.half(),
+    "bfloat16": lambda m: m.bfloat16(),
+    "to(float64)": lambda m: m.to(torch.float64),
+    "to(cpu, float16)": lambda m: m.to("cpu", torch.float16),
+}
+
+
+@pytest.mark.parametrize("convert", CONVERSIONS)
+def test_issue_71_finding_11_the_critic_refuses_dtype_conversions_as_its_views_do(convert):
+    """`critic.half()` converted the critic's parameters (logits moved, Keras still said float32) where its views
+    refuse: the critic refuses with the views' error, before anything changes, and keeps computing as before."""
+    critic, _, call = make("critic")
+    x = inputs()
+    before = [v.value.detach().clone() for v in critic.weights]
+    want = run(call, critic, x)
+    with pytest.raises(ValueError) as refused:
+        CONVERSIONS[convert](critic)
+    message = str(refused.value)
+    assert message.startswith("dtype: got a conversion of the critic's torch.float32 parameters to torch.")
+    assert "expected their own dtype (torch.float32" in message and "torch.autocast" in message
+    assert [v.dtype for v in critic.weights] == ["float32"] * len(before)
+    for var, old in zip(critic.weights, before):
+        assert var.value.dtype == torch.float32 and torch.equal(var.value, old)
+    assert_equal(run(call, critic, x), want)
+    assert_equal(want, eager(lambda: call(critic, *x)))
+
+
+def _slow_storage(critic):
+    """The storage of the slow critic's variables: a view's parameter is one of them or a transposed view."""
+    return {v.value.untyped_storage().data_ptr() for v in critic.ema_weights}
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_issue_71_finding_12_no_module_method_makes_the_slow_critic_require_grad(name):
+    """`critic.requires_grad_(False)` then `(True)` (the critic frozen for an actor's update) made the slow critic's
+    parameters trainable; no module method applied to the critic or a view of it does."""
+    critic, module, _ = make(name)
+    slow = _slow_storage(critic)
+
+    def is_slow(param):
+        return param.untyped_storage().data_ptr() in slow
+
+    steps = [
+        lambda m: m.requires_grad_(False),
+        lambda m: m.requires_grad_(True),
+        lambda m: m.train(),
+        lambda m: m.eval(),
+        lambda m: m.to("cpu"),
+        lambda m: m.float(),
+        lambda m: m.train(False),
+        lambda m: m.requires_grad_(),
+    ]
+    for step in steps:
+        assert step(module) is module
+        assert not any(v.value.requires_grad for v in critic.ema_weights)
+        assert not any(p.requires_grad for p in module.parameters() if is_slow(p))
+    fast = [p for p in module.parameters() if not is_slow(p)]
+    assert all(p.requires_grad for p in fast)  # the fast critic's parameters as torch leaves them
+    module.requires_grad_(False)
+    assert not any(p.requires_grad for p in module.parameters())
+
+
+def test_issue_71_finding_12_the_optimizer_idiom_after_a_freeze_trains_the_fast_critic_only():
+    """The PyTorch page's idiom (an optimizer over the parameters that require grad), after the critic was frozen
+    for an actor's update and unfrozen: one step moves every fast weight and no EMA weight."""
+    critic, _, _ = make("critic")
+    _, h, z = inputs()
+    critic.requires_grad_(False)
+    actions = h.clone().requires_grad_()  # an actor's output, through the frozen critic
+    critic(actions, z)[0].sum().backward()
+    assert actions.grad is not None and all(v.value.grad is None for v in critic.weights)
+    critic.requires_grad_(True)
+    params = [p for p in critic.parameters() if p.requires_grad]
+    assert sorted(map(id, params)) == sorted(id(v.value) for v in critic.fast_weights)
+    ema_before = [v.value.detach().clone() for v in critic.ema_weights]
+    fast_before = [v.value.detach().clone() for v in critic.fast_weights]
+    slow_outputs = critic(h, z, use_ema=True)
+    optimizer = torch.optim.Adam(params, lr=1e-2)
+    value, logits = critic(h, z)
+    (logits.logsumexp(-1).sum() + value.square().sum()).backward()
+    optimizer.step()
+    for var, old in zip(critic.ema_weights, ema_before):
+        assert torch.equal(var.value, old)
+    assert all(not torch.equal(var.value, old) for var, old in zip(critic.fast_weights, fast_before))
+    assert_equal(critic(h, z, use_ema=True), slow_outputs)
+
+
+@pytest.mark.parametrize("name", ["critic", "fast_module", "fast_module(h, z)", "torch_module", "sheeprl"])
+def test_issue_71_finding_13_torch_compile_warns_of_no_lru_cache(name):
+    """`torch.compile(critic)` printed Dynamo's warnings about the `functools.lru_cache` wrappers it traced
+    (`validation.py`, `torch_views.py`), read as correctness warnings: none now, and the same outputs."""
+    import warnings
+
+    _, module, call = make(name)
+    x = inputs()
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="aot_eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run(call, compiled, x, times=2)
+    cache_warnings = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "lru_cache" in str(w.message)]
+    assert not cache_warnings, cache_warnings
+    assert_equal(got, eager(lambda: call(module, *x)), exact=False)

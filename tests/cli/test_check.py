@@ -12,11 +12,12 @@ import subprocess
 import pytest
 
 from multicritic.cli import check
-from multicritic.cli.check import CONFIGS, FORWARD_KEYS, STEP_KEYS, TOLERANCE, installed_backends, run_check
+from multicritic.cli.check import CONFIGS, TOLERANCE, installed_backends, run_check
 from multicritic.interop import HOSTS
 from tests.demo.fake_env import run_cli
 
-COLUMNS = ("compiled", "host") + FORWARD_KEYS + STEP_KEYS
+SELF = ["compiled", "host"]
+CROSS = ["fast", "ema", "loss", "grad_norm", "weights"]
 HOST_CONFIGS = [f"{name}-host" for name in HOSTS]
 
 
@@ -53,17 +54,24 @@ def in_process_workers(monkeypatch, worker_outputs):
     return calls
 
 
-def table(lines):
-    """{(backend, config): (cells by column, status)} from run_check's log lines."""
-    header = next(i for i, line in enumerate(lines) if line.startswith("backend:config "))
-    assert lines[header].split()[1:-1] == list(COLUMNS)
-    rows = {}
+def table(lines, columns=SELF + CROSS):
+    """{(backend, config): (cells by column, status)} from run_check's log lines: one block per backend (its name
+    alone on a line), its configurations indented under it."""
+    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    header = next(i for i, line in enumerate(lines) if line.startswith("config "))
+    assert lines[header].split() == ["config", *columns, "status"], lines[header]
+    rows, backend = {}, None
     for line in lines[header + 1 :]:
-        if line.startswith("tolerance:"):
+        if line.startswith("tolerance "):
             break
+        if not line.startswith("  "):
+            backend = line
+            continue
         tokens = line.split()
-        backend, _, config = tokens[0].partition(":")
-        rows[backend, config] = (dict(zip(COLUMNS, tokens[1 : 1 + len(COLUMNS)])), " ".join(tokens[1 + len(COLUMNS) :]))
+        rows[backend, tokens[0]] = (
+            dict(zip(columns, tokens[1 : 1 + len(columns)])),
+            " ".join(tokens[1 + len(columns) :]),
+        )
     return rows
 
 
@@ -79,7 +87,8 @@ def test_one_backend_checks_only_its_compiled_forward_pass(in_process_workers):
     lines = []
     assert run_check(["only"], log=lines.append) == 0
     assert in_process_workers == [("only", None)]
-    rows = table(lines)
+    # Nothing to compare with: the table has the backend's own checks alone.
+    rows = table(lines, SELF)
     assert list(rows) == [("only", config) for config in CONFIGS]
     for config in CONFIGS:
         cells, status = rows["only", config]
@@ -87,27 +96,45 @@ def test_one_backend_checks_only_its_compiled_forward_pass(in_process_workers):
         assert value(cells["compiled"]) <= TOLERANCE["compiled"], (config, cells)
         # A host's export and load give the weights back exactly; the other configurations have no host.
         assert cells["host"] == ("0.00e+00" if config in HOST_CONFIGS else "-"), (config, cells)
-        assert [cells[key] for key in FORWARD_KEYS + STEP_KEYS] == ["n/a"] * 8, (config, cells)
-        assert status == "ok (one backend: compiled only)"
-    assert "forward and train step vs another backend (n/a: needs two)" in lines[0]
-    assert lines[-1].startswith("forward and train step: NOT compared across backends (only only ran")
+        assert status == "ok"
+    assert lines[0] == f"multicritic check on only (a process each, in turn): {len(CONFIGS)} critics, a train step each"
+    assert lines[-2].split() == ["tolerance", "1e-04", "0e+00"]
+    assert lines[-1] == "forward passes and train steps not compared across backends: only only ran"
 
 
 def test_an_unperturbed_pair_agrees_exactly(in_process_workers):
     lines = []
     assert run_check(["first", "second"], log=lines.append) == 0
     rows = table(lines)
-    assert set(rows) == {(b, c) for b in ("first", "second") for c in CONFIGS}
+    assert list(rows) == [(b, c) for b in ("first", "second") for c in CONFIGS]
     for config in CONFIGS:
         first, first_status = rows["first", config]
-        assert [first[key] for key in FORWARD_KEYS + STEP_KEYS] == ["ref"] * 8 and first_status == "ok"
+        assert [first[key] for key in CROSS] == ["ref"] * 5 and first_status == "ok"
         second, status = rows["second", config]
         assert status == "ok"
         assert value(second["compiled"]) <= TOLERANCE["compiled"]
         # Same backend, same numbers: every cross-backend cell is a real 0.
-        assert [value(second[key]) for key in FORWARD_KEYS + STEP_KEYS] == [0.0] * 8, (config, second)
-    assert "forward and train step vs the first backend (first)" in lines[0]
-    assert not any("NOT compared" in line for line in lines)
+        assert [value(second[key]) for key in CROSS] == [0.0] * 5, (config, second)
+    assert any(line.startswith("  fast, ema: value and logits") and line.endswith("vs first ('ref')") for line in lines)
+    assert lines[-1].split() == ["tolerance", "1e-04", "0e+00", "1e-04", "1e-04", "1e-05", "1e-04", "1e-06"]
+    assert not any("not compared" in line for line in lines)
+
+
+def test_a_failed_backend_is_a_row_of_its_own_and_fails_the_check(in_process_workers, monkeypatch):
+    real = check.subprocess.run
+
+    def second_fails(cmd, env=None, **kwargs):
+        if env["KERAS_BACKEND"] == "second":
+            return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nRuntimeError: the worker broke\n")
+        return real(cmd, env=env, **kwargs)
+
+    monkeypatch.setattr(check.subprocess, "run", second_fails)
+    lines = []
+    assert run_check(["first", "second"], log=lines.append) == 1
+    assert lines[lines.index("second") + 1] == "  FAILED: RuntimeError: the worker broke"
+    # One backend ran: nothing compared, and the table says so.
+    assert set(table(lines, SELF)) == {("first", c) for c in CONFIGS} | {("second", "FAILED:")}
+    assert lines[-1] == "forward passes and train steps not compared across backends: only first ran"
 
 
 def test_a_perturbed_train_step_is_caught_only_in_the_step_columns(in_process_workers):
@@ -119,10 +146,10 @@ def test_a_perturbed_train_step_is_caught_only_in_the_step_columns(in_process_wo
         assert rows["first", config][1] == "ok"
         second, status = rows["second", config]
         assert status == "MISMATCH", config
-        # The weights after the step moved by 1e-4 (tolerance 1e-6): caught
+        # The fast weights after the step moved by 1e-4 (tolerance 1e-6): caught
         # there, and nowhere else (same backend, same numbers).
-        assert caught(second["step_fast"]) and value(second["step_fast"]) == pytest.approx(1e-4, rel=1e-3)
-        for key in ("compiled",) + FORWARD_KEYS + ("step_total", "step_grad_norm", "step_ema"):
+        assert caught(second["weights"]) and value(second["weights"]) == pytest.approx(1e-4, rel=1e-3)
+        for key in ["compiled", "fast", "ema", "loss", "grad_norm"]:
             assert not caught(second[key]), (config, key, second[key])
 
 
@@ -134,10 +161,10 @@ def test_a_perturbed_forward_pass_is_caught_only_in_the_forward_columns(in_proce
     for config in CONFIGS:
         second, status = rows["second", config]
         assert status == "MISMATCH", config
-        # Logits (eager and compiled alike) shifted by 1e-3 (tolerance 1e-4).
-        for key in ("logits", "ema_logits"):
+        # Logits (eager and compiled alike, fast and EMA) shifted by 1e-3 (tolerance 1e-4).
+        for key in ("fast", "ema"):
             assert caught(second[key]) and value(second[key]) == pytest.approx(1e-3, rel=1e-2), (config, key)
-        for key in ("compiled", "value", "ema_value") + STEP_KEYS:
+        for key in ("compiled", "loss", "grad_norm", "weights"):
             assert not caught(second[key]), (config, key, second[key])
 
 
@@ -153,25 +180,22 @@ def test_every_host_is_checked_and_a_broken_round_trip_is_caught_in_the_host_col
             assert value(cells["host"]) == pytest.approx(1e-6, rel=1e-2)
         else:
             assert status == "ok" and cells["host"] == "-", (config, cells)
-        assert not any(caught(cells[key]) for key in ("compiled",) + FORWARD_KEYS + STEP_KEYS), (config, cells)
+        assert not any(caught(cells[key]) for key in ["compiled"] + CROSS), (config, cells)
 
 
 @pytest.mark.parametrize("names", [["only"], ["first", "only"]])
 def test_a_perturbed_compiled_path_is_caught_in_the_compiled_column(in_process_workers, names):
     lines = []
     assert run_check(names, perturb="only:compiled", log=lines.append) == 1
-    rows = table(lines)
     compare = len(names) > 1
+    rows = table(lines, SELF + CROSS if compare else SELF)
     for config in CONFIGS:
         cells, status = rows["only", config]
-        assert status == "MISMATCH" + ("" if compare else " (one backend: compiled only)"), config
+        assert status == "MISMATCH", config
         assert caught(cells["compiled"]) and value(cells["compiled"]) == pytest.approx(1e-3, rel=1e-2)
         # The eager forward pass and the step are the unperturbed ones.
         if compare:
-            assert not any(caught(cells[key]) for key in FORWARD_KEYS + STEP_KEYS), (config, cells)
-        else:
-            assert [cells[key] for key in FORWARD_KEYS + STEP_KEYS] == ["n/a"] * 8, (config, cells)
-        if compare:
+            assert not any(caught(cells[key]) for key in CROSS), (config, cells)
             assert rows["first", config][1] == "ok"
 
 
@@ -186,9 +210,9 @@ def test_a_perturbed_train_step_is_caught_across_real_backends():
     )
     assert result.returncode == 1, result.stdout + result.stderr
     rows = table(result.stdout.splitlines())
-    assert set(rows) == {(b, c) for b in (first, second) for c in CONFIGS}
+    assert list(rows) == [(b, c) for b in (first, second) for c in CONFIGS]
     for config in CONFIGS:
         assert rows[first, config][1] == "ok" and rows[second, config][1] == "MISMATCH", config
         cells = rows[second, config][0]
-        assert caught(cells["step_fast"])
-        assert not any(caught(cells[key]) for key in ("compiled",) + FORWARD_KEYS), (config, cells)
+        assert caught(cells["weights"])
+        assert not any(caught(cells[key]) for key in ("compiled", "fast", "ema")), (config, cells)

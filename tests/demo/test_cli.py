@@ -1,3 +1,4 @@
+import io
 import json
 import math
 import os
@@ -8,7 +9,7 @@ import pytest
 
 from multicritic.cli import main
 from multicritic.heads import HEADS
-from multicritic.cli.check import TOLERANCE
+from multicritic.cli.check import CONFIGS, TOLERANCE
 from multicritic.demo.run import DemoConfig, run_demo
 from tests.conftest import BACKEND
 from tests.demo.fake_env import (
@@ -320,34 +321,59 @@ def test_backend_flag_wins_over_an_uninstalled_keras_backend(blocking, tmp_path)
 
 
 def test_check_passes_on_this_backend():
+    from tests.cli.test_check import SELF, table
+
     ok = run_cli("check", "--backends", BACKEND)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    for config in ("two_hot", "hl_gauss", "mse", "ensemble"):
-        row = next(line for line in ok.stdout.splitlines() if line.startswith(f"{BACKEND}:{config} "))
-        # One backend: only eager vs compiled is checked; the rest says so.
-        cells = row.split()
-        # compiled, then host ("0.00e+00": the host's round trip exact, "-": no host), then 8 cross-backend cells.
-        assert (
-            float(cells[1]) <= TOLERANCE["compiled"] and cells[2] in ("0.00e+00", "-") and cells[3:11] == ["n/a"] * 8
-        ), row
-        assert cells[11:] == ["ok", "(one", "backend:", "compiled", "only)"], row
-    assert "NOT compared across backends" in ok.stdout
+    lines = ok.stdout.splitlines()
+    # One backend: the table has its own checks alone (eager vs compiled, the hosts' round trips), and says so.
+    rows = table(lines, SELF)
+    assert list(rows) == [(BACKEND, config) for config in CONFIGS]
+    for config in CONFIGS:
+        cells, status = rows[BACKEND, config]
+        assert float(cells["compiled"]) <= TOLERANCE["compiled"], (config, cells)
+        assert cells["host"] == ("0.00e+00" if config.endswith("-host") else "-"), (config, cells)
+        assert status == "ok", (config, status)
+    assert lines[-1] == f"forward passes and train steps not compared across backends: only {BACKEND} ran"
     # That a perturbed compiled path fails the check: tests/cli/test_check.py (in process), and through this CLI
     # across real backends in the cross-backend session.
+
+
+def test_check_with_one_backend_installed_says_so_at_once(blocking, noisy):
+    """Issue 72 item 7: with one backend installed, `multicritic check` ran it for most of a minute to report
+    that it compared nothing. Said before any work now (one line, exit 2, before Keras is imported: the fake
+    Keras on this path exits 99), with what to do."""
+    others = [b for b in ALL_BACKENDS if b != BACKEND]
+    env = {
+        "PYTHONPATH": blocking + os.pathsep + noisy["PYTHONPATH"],
+        "MULTICRITIC_TEST_BLOCK": ",".join(others),
+        "KERAS_BACKEND": BACKEND,
+    }
+    line = one_error_line(run_cli("check", env=env, timeout=120))
+    assert line.startswith(
+        f"multicritic: error: --backends: only {BACKEND!r} is installed, and check compares backends with each "
+        "other: install another (pip install "
+    ), line
+    assert f"'multicritic[{others[0]}]' or 'multicritic[{others[1]}]'" in line
+    assert line.endswith(
+        f"or pass --backends {BACKEND} to check {BACKEND} alone (its compiled forward pass "
+        "against its eager one, and the hosts' checkpoint round trips)"
+    ), line
 
 
 @pytest.mark.cross_backend
 def test_check_agrees_across_all_installed_backends():
     from multicritic.cli.check import installed_backends
+    from tests.cli.test_check import table
 
     if len(installed_backends()) < 2:
         pytest.skip("needs two or more backends installed")
     result = run_cli("check")
     assert result.returncode == 0, result.stdout + result.stderr
-    for backend in installed_backends():
-        for config in ("two_hot", "hl_gauss", "mse", "ensemble"):
-            assert f"{backend}:{config} " in result.stdout
-    assert "NOT compared" not in result.stdout and "n/a" not in result.stdout
+    rows = table(result.stdout.splitlines())
+    assert list(rows) == [(backend, config) for backend in installed_backends() for config in CONFIGS]
+    assert all(status == "ok" for _, status in rows.values())
+    assert "not compared" not in result.stdout
 
 
 def test_every_plot_format_offered_is_one_matplotlib_writes():
@@ -431,3 +457,41 @@ def test_the_demo_does_not_import_tensorflow_on_another_backend():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_progress_bar_shows_on_a_terminal_unless_turned_off(progress, monkeypatch):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    config = DemoConfig(size="nano", steps=4, num_states=8, scales=(1.0, 10.0), eval_every=2)
+    run_demo(config, progress=progress, log=lambda *_: None)
+    shown = terminal.getvalue()
+    if progress:
+        # One bar per scale, redrawn in place, ending at the last step with the last error.
+        assert shown.count("4/4") >= 2 and "rel_rmse" in shown and "\r" in shown, shown
+    else:
+        assert shown == ""
+
+
+def test_the_progress_bar_is_off_when_stdout_is_not_a_terminal():
+    """Issue 72 item 7: piped to a file, each scale's bar was one 4 KB line of control codes. Without a terminal
+    the output is the banner, a line per scale and the summary, with or without --no-progress."""
+    args = ("demo", "--size", "nano", "--steps", "4", "--scales", "1,10")
+    piped, quiet = (run_cli(*args, *extra, env={"KERAS_BACKEND": BACKEND}) for extra in ((), ("--no-progress",)))
+    for result in (piped, quiet):
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert "\r" not in piped.stdout and "\x1b" not in piped.stdout and "\b" not in piped.stdout
+    assert "rel_rmse" not in piped.stdout and "━" not in piped.stdout
+    lines = piped.stdout.splitlines()
+    assert lines[0].startswith(f"multicritic demo: backend {BACKEND}, size nano")
+    assert [line.split(":")[0] for line in lines if ": exact values in [" in line] == [
+        "reward scale 1",
+        "reward scale 10",
+    ]
+    # The same lines as with --no-progress but for the times each scale took.
+    assert len(lines) == len(quiet.stdout.splitlines()) and max(len(line) for line in lines) <= 120

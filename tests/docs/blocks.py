@@ -6,6 +6,7 @@ A block runs as written unless HTML comments on the lines right above its fence 
     <!-- backend: torch -->                       runs on these Keras backends only (comma-separated)
     <!-- example: recipe-torch -->               a name other tests find the block by
     <!-- continues -->                            runs in the namespace of the page's previous block
+    <!-- needs: orbax.checkpoint -->              runs where these modules import (comma-separated), else skipped
 
 Without a `backend` marker a block runs on the backend its code names (an
 `os.environ["KERAS_BACKEND"] = "..."` line, or an import of torch, jax / optax or tensorflow), else on every
@@ -22,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/**/*.md")
 BACKENDS = ("jax", "tensorflow", "torch")
-KEYS = ("not-run", "backend", "example", "continues")
+KEYS = ("not-run", "backend", "example", "continues", "needs")
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)[ \t]*(?P<lang>[\w+-]*)[^\n]*$")
 COMMENT = re.compile(r"^[ \t]*<!--[ \t]*(?P<key>[\w-]+)[ \t]*(?::[ \t]*(?P<value>.*?))?[ \t]*-->[ \t]*$")
@@ -49,6 +50,11 @@ class Block:
     @property
     def skip(self) -> Optional[str]:
         return self.markers.get("not-run")
+
+    @property
+    def needs(self) -> Tuple[str, ...]:
+        """The modules the block imports beyond the test sessions' packages (an optional library it shows)."""
+        return tuple(m.strip() for m in self.markers.get("needs", "").split(",") if m.strip())
 
     @property
     def continues(self) -> bool:

@@ -30,6 +30,10 @@ def test_the_pages_hold_the_tables_they_promise():
         "scaling",
         "bin_scheme_bias",
         "public_names",
+        "comparison",
+        "targets_met",
+        "host_training",
+        "gpu_train_step",
     } <= used
     assert used <= set(render_tables.RENDERERS)
     readme = (render_tables.ROOT / "README.md").read_text()
@@ -85,3 +89,113 @@ def test_the_peers_table_shows_our_compiled_or_eager_step():
     ]
     with pytest.raises(ValueError, match="ours: got 'fast'"):
         render_tables.peers([[torch_row]], ours="fast")
+
+
+def test_the_comparison_lists_every_registered_head_and_trunk():
+    from multicritic.heads import HEADS
+    from multicritic.trunks import TRUNKS
+
+    rows = {line.split(" | ")[0][2:]: line for line in render_tables.comparison([]) if line.startswith("| ")}
+    assert rows["value heads"].split(" | ")[1] == "two-hot, HL-Gauss, MSE, quantile"
+    assert rows["trunks"].split(" | ")[1] == "MLP, residual"
+    assert rows["loads / exports the others' critics"].split(" | ")[1] == "all five"
+    assert len(HEADS) == 4 and len(TRUNKS) == 2
+    for page in ("README.md", "docs/index.md"):
+        assert "<!-- table: comparison -->" in (render_tables.ROOT / page).read_text()
+    # A new head is one registration: both pages' tables are then stale until rendered again.
+    HEADS.register("beta_mixture", "some_package.heads:BetaMixtureHead")
+    try:
+        assert "two-hot, HL-Gauss, MSE, quantile, beta-mixture" in render_tables.render("comparison")
+        assert {"README.md: comparison", "docs/index.md: comparison"} <= set(render_tables.stale())
+    finally:
+        HEADS.unregister("beta_mixture")
+
+
+def _target(name, benchmark, backend, batch, ratios, bound, natives=("native",)):
+    met = sum(r <= bound if benchmark == "ensemble" else r >= bound for r in ratios)
+    return {"target": name, "benchmark": benchmark, "backend": backend, "batch": batch, "natives": list(natives),
+            "bound": bound, "ratios": ratios, "rounds_met": met}  # fmt: skip
+
+
+def test_the_targets_sentence_counts_every_round_of_every_file():
+    first = {
+        "targets": [
+            _target("torch-256", "train_step", "torch", 256, [1.2, 1.1], 1.0),
+            _target("torch-4096", "train_step", "torch", 4096, [1.05, 1.01], 1.0),
+            _target("torch-compiled-4096", "train_step", "torch", 4096, [0.97, 0.96], 0.95, ("native_compiled",)),
+            _target("jax-256", "train_step", "jax", 256, [0.90, 0.96], 0.95),
+            _target("tensorflow-ensemble-256", "ensemble", "tensorflow", 256, [1.06, 1.07], 1.05),
+        ]
+    }
+    # A second file reads the borderline ones again: its rounds join the first file's.
+    again = {"targets": [_target("jax-256", "train_step", "jax", 256, [0.97], 0.95)]}
+    assert render_tables.targets_met([first, again])[2:] == [
+        "- **Met in every round:** PyTorch at batch 256 and 4096; "
+        "PyTorch against its compiled native step at batch 4096.",
+        "- **Met in some rounds:** JAX at batch 256 (2 of 3, 0.900–0.970).",
+        "- **Met in none:** the TensorFlow K = 5 ensemble at batch 256 (0 of 2, 1.060–1.070).",
+    ]
+    assert render_tables.targets_met([first, again])[0].startswith("Over all 11 rounds of the 5 targets")
+
+
+def test_the_performance_page_and_readme_say_which_targets_are_met_from_the_files():
+    spec = "<!-- table: targets_met results_targets.json results_targets_borderline.json -->"
+    for page in ("README.md", "docs/performance.md"):
+        assert spec in (render_tables.ROOT / page).read_text()
+    text = render_tables.render(spec[len("<!-- table: ") : -len(" -->")])
+    # tensorflow-ensemble-256: 1 of 2 rounds in the first file, 0 of 3 in the borderline one.
+    assert "the TensorFlow K = 5 ensemble at batch 256 (1 of 5, 1.031–1.091)" in text
+
+
+def test_a_gpu_table_says_what_it_was_measured_with_and_that_it_is_not_remeasured(monkeypatch):
+    machine = ["NVIDIA H200, 143771 MiB, 580.159.04", "torch 2.11.0+cu130 jax 0.11.2 keras 3.15.1 cuda devices 1"]
+    monkeypatch.setattr(render_tables, "_pins", lambda: {"torch": "2.13.0", "jax": "0.10.2", "keras": "3.15.1"})
+    assert render_tables._provenance(machine, "5170e82") == (
+        "Measured once, on one NVIDIA H200 (143771 MiB, driver 580.159.04), with torch 2.11.0+cu130, jax 0.11.2, "
+        "keras 3.15.1, and recorded in commit 5170e82; not remeasured since, so later changes to the step are not "
+        "in these numbers. The test-suite pins other versions: torch 2.13.0, jax 0.10.2 (`backends_matrix.yaml`)."
+    )
+    with pytest.raises(ValueError, match="commit: got 'HEAD'"):
+        render_tables._provenance(machine, "HEAD")
+
+
+def test_the_pins_are_read_from_the_backends_matrix():
+    pins = render_tables._pins()
+    text = (render_tables.ROOT / "backends_matrix.yaml").read_text()
+    assert set(pins) == {"torch", "jax", "keras"}
+    assert all(f"{name}=={version}" in text for name, version in pins.items())
+
+
+def test_the_gpu_sentence_compares_with_each_frameworks_fastest_native_step():
+    def step(backend, impl, ms):
+        return {"backend": backend, "impl": impl, "size": "XS", "batch": 256, "step_ms": ms}
+
+    merged = {
+        "machine": ["GPU, 1 MiB, 1"],
+        "train_step_jax": [step("jax", "multicritic", 2.0), step("jax", "native", 1.0)],
+        "train_step_torch": [step("torch", "multicritic", 1.6), step("torch", "native_compiled", 3.2)],
+    }
+    assert render_tables.gpu_summary([merged]) == [
+        "Native time / ours (above 1: ours is faster): JAX 0.50 against its own fastest native step (the fastest "
+        "of any framework); PyTorch 2.00 against its own fastest native step, 0.62 against the fastest of any "
+        "framework: JAX and PyTorch are slower than the fastest native step at every batch."
+    ]
+
+
+def test_the_host_training_sentence_and_table():
+    records = [
+        {"host": "sheeprl", "steps": 8, "repeats": 3, "stock_s": 2.0, "swap_s": 2.2, "swap_over_stock": 1.1,
+         "keras_import_s": 1.04},
+        {"host": "RLlib", "iterations": 5, "repeats": 5, "stock_s": 4.0, "swap_s": 4.0, "swap_over_stock": 1.0,
+         "keras_import_s": 1.62},
+    ]  # fmt: skip
+    assert render_tables.host_training([records[:1], records[1:]], form="sentence") == [
+        "sheeprl: 1.10x its own time; RLlib: 1.00x its own time; importing Keras and multicritic adds 1.0–1.6 s "
+        "once a process."
+    ]
+    assert render_tables.host_training([records])[2:] == [
+        "| sheeprl | 8 steps | 3 | 2.00 | 2.20 | 1.10 | 1.0 |",
+        "| RLlib | build + 5 × `algo.train()` | 5 | 4.00 | 4.00 | 1.00 | 1.6 |",
+    ]
+    with pytest.raises(ValueError, match="form: got 'list'"):
+        render_tables.host_training([records], form="list")

@@ -1,5 +1,7 @@
 """`critic.export`: each format reloaded with its own runtime and compared with the Keras forward pass."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -163,3 +165,60 @@ def test_load_exported_names_what_it_cannot_load(tmp_path):
     garbage.write_bytes(b"not an onnx model")
     with pytest.raises(ValueError, match=r"filepath: '.*garbage.onnx' is not a 'onnx' export this runtime can load"):
         load_exported(garbage, "onnx")
+
+
+def saved_model_backend():
+    if "tf_saved_model" not in SUPPORTED[BACKEND]:
+        pytest.skip(f"no SavedModel export from {BACKEND}")
+    return pytest.importorskip("tensorflow")
+
+
+@pytest.mark.parametrize("options", [{}, {"ensemble_size": 3}], ids=["single", "ensemble"])
+def test_saved_model_signature_names_its_outputs(options, tmp_path):
+    """Issue 72 item 8: `serving_default` named its outputs output_0 to output_2; a server (TF Serving, a
+    `signatures["serving_default"]` call) reads them by name now, as it reads the inputs `h` and `z`."""
+    tf = saved_model_backend()
+    critic = trained_critic(**options)
+    path = tmp_path / "critic"
+    critic.export(path, verbose=False)
+    signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+    assert sorted(signature.structured_outputs) == ["logits", "value_real", "value_symlog"]
+    assert sorted(signature.structured_input_signature[1]) == ["h", "z"]
+    h, z = random_inputs(critic, 5, seed=2)
+    out = signature(h=tf.constant(h), z=tf.constant(z))
+    for name, want in zip(("value_real", "value_symlog", "logits"), expected(critic, h, z)):
+        got = out[name].numpy()
+        assert got.dtype == np.float32 and got.shape == want.shape, (name, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_a_saved_model_with_unnamed_outputs_still_loads(tmp_path):
+    """Exports written before the outputs were named return a tuple: `load_exported` serves those too."""
+    saved_model_backend()
+    from multicritic.files.export import ServingCritic, input_signature
+
+    critic = trained_critic()
+    path = tmp_path / "old"
+    ServingCritic(critic).export(
+        str(path), format="tf_saved_model", verbose=False, input_signature=input_signature(critic)
+    )
+    assert_serves(load_exported(path, "tf_saved_model"), critic, batches=(3,))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_quiet_export_prints_nothing(fmt, tmp_path, capsys):
+    """Issue 72 item 8: the docs' SavedModel example printed Keras's 15-line endpoint summary; PyTorch's ONNX
+    export printed a TracerWarning per shape read. verbose=False prints nothing and warns nothing."""
+    if fmt not in SUPPORTED[BACKEND]:
+        pytest.skip(f"no {fmt} export from {BACKEND}")
+    pytest.importorskip(RUNTIMES[fmt])
+    critic = trained_critic()
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        critic.export(tmp_path / f"critic{SUFFIX[fmt]}", format=fmt, verbose=False)
+    assert capsys.readouterr() == ("", "") and [str(w.message) for w in caught] == []
+    assert_serves(load_exported(tmp_path / f"critic{SUFFIX[fmt]}", fmt), critic, batches=(2,))
+    if fmt == "tf_saved_model":  # Keras's default: its endpoint summary, which the quiet export left out
+        critic.export(tmp_path / "loud", format=fmt)
+        assert "Saved artifact at" in capsys.readouterr().out

@@ -324,3 +324,137 @@ def test_other_backends_are_refused_before_anything_is_swapped():
     namespace = types.SimpleNamespace(MLPHead=object)
     assert_refused(lambda: dreamerv3_ninjax.swap_value_heads(namespace, critic), "critic", BACKEND, "JAX")
     assert namespace.MLPHead is object
+
+
+def _step(nj, val, state, feat, ret, lr):
+    """One LaProp-sized update of the fast head's entries (each moves by about `lr`: the gradient over its RMS, as
+    the official optimizer scales it), under `jax.jit`; returns the new state and the logits before it."""
+    import jax
+    import jax.numpy as jnp
+
+    def train(x, target):
+        logits = val(x, 2).logits
+        _, _, grads = nj.grad(lambda: val(x, 2).loss(target).mean(), [val])()
+        rms = jnp.sqrt(
+            sum((g.astype(jnp.float32) ** 2).sum() for g in grads.values()) / sum(g.size for g in grads.values())
+        )
+        for key, grad in grads.items():
+            nj.context()[key] = nj.context()[key] - lr * grad / (rms + 1e-20)
+        return logits
+
+    return jax.jit(nj.pure(train))(state, feat, ret)
+
+
+@pytest.mark.parametrize("policy", ["bfloat16", "mixed_bfloat16"])
+def test_issue_71_finding_15_a_bfloat16_critic_gets_float32_host_parameters_and_computes_in_its_policy(
+    nj, golden, policy
+):
+    """Honoured: the host's state holds float32 entries (as the stock head's, which its optimizer updates in place),
+    whatever the critic's dtype policy, and the trunk computes in the policy's compute dtype (bfloat16: the stock
+    head's under the official default `--jax.compute_dtype bfloat16`), the head in float32. It used to put the
+    bfloat16 weights themselves in the host's state, where an official-size update (lr 4e-5) left 88-94% of the
+    trunk's entries unchanged."""
+    import jax
+
+    full = critic_of(golden)
+    critic = CriticNetwork.from_config({**full.get_config(), "dtype": policy})
+    critic.set_weights(full.get_weights())
+    assert critic.compute_dtype == "bfloat16"
+    val, slowval = heads(critic)
+    feat, ret = jax.device_put([golden["feat"], golden["ret"]])
+    with jax.transfer_guard("disallow"):
+        state = jax.jit(nj.init(lambda x: (val(x, 2), slowval(x, 2)) and None))({}, feat)
+    assert sorted(state) == sorted(params_of(golden))
+    assert {str(v.dtype) for v in state.values()} == {"float32"}
+    for key, value in state.items():  # the critic's fast weights (both heads), in bfloat16 where it holds them so
+        want = golden["val/" + key.split("/", 1)[1]]
+        want = want.astype("bfloat16").astype("float32") if policy == "bfloat16" and "/mlp/" in key else want
+        np.testing.assert_array_equal(np.asarray(value), want, err_msg=key)
+    new, logits = _step(nj, val, state, feat, ret, lr=4e-5)
+    # Computed in bfloat16: within bfloat16's rounding of the float32 critic's logits, and not equal to them.
+    assert 1e-4 < rel(logits, golden["logits"]) < 2e-2
+    for key in (k for k in state if k.startswith("val/mlp/")):
+        assert new[key].dtype == "float32"
+        moved = np.asarray(new[key]) != np.asarray(state[key])
+        assert moved.mean() > 0.99, (key, moved.mean())  # every entry with a gradient moves by ~4e-5
+
+
+@pytest.mark.parametrize("change", ["frozen", "frozen trunk", "int8", "lora"])
+def test_issue_71_finding_16_a_frozen_quantized_or_lora_critic_is_refused_by_the_swap(nj, golden, change):
+    """Refused by `swap_value_heads` itself, naming `critic` and what is wrong, with the host's `MLPHead` left as it
+    was (frozen and int8 critics used to be accepted, then the agent's init died with `KeyError:
+    'mlp/linear0/kernel'`); and by `CriticHead`."""
+    critic = critic_of(golden)
+    if change == "frozen":
+        critic.trainable = False
+        words = ("'mlp/linear0/kernel'", "frozen", "trainable")
+    elif change == "frozen trunk":
+        critic.mlp.trainable = False
+        words = ("'mlp/linear0/kernel'", "frozen", "trainable")
+    elif change == "int8":
+        with pytest.warns(UserWarning, match="quantize"):  # (Keras: the norms have no int8 form)
+            critic.quantize("int8")
+        words = ("'mlp/linear0/kernel'", "int8", "quantized")
+    else:
+        critic.mlp.dense_layers[0].enable_lora(2)
+        words = ("lora",)
+    namespace = _namespace(nj, golden)
+    original = namespace.MLPHead
+    assert_refused(lambda: dreamerv3_ninjax.swap_value_heads(namespace, critic), "critic", *words)
+    assert namespace.MLPHead is original
+    assert_refused(lambda: heads(critic), "critic", *words)
+
+
+def test_issue_71_finding_18_official_critic_refuses_other_architectures_and_sizes_at_once(golden):
+    if BACKEND != "jax":
+        pytest.skip("a JAX critic")
+    build = dreamerv3_ninjax.official_critic
+    for option, value in (
+        ("norm", "layer"),
+        ("norm_epsilon", 1e-3),
+        ("use_bias", False),
+        ("bin_scheme", "uniform_symlog"),
+        ("upper_bound", 15.0),
+        ("input_layout", "z_h"),
+        ("ensemble_size", 2),
+        ("head", "hl_gauss"),
+        ("head", {"class_name": "mse", "config": {}}),
+        ("trunk", "residual"),
+    ):
+        assert_refused(lambda: build(VALUE, RSSM, **{option: value}), option, repr(value).split(",")[0], "official")
+    # The official parts given as a spec, and the options the names do not depend on, are taken.
+    critic = build(VALUE, RSSM, head={"class_name": "two_hot", "config": {}}, trunk="mlp", ema_decay=0.9)
+    assert critic.head == "two_hot" and critic.ema_decay == 0.9
+    for mapping, key, bad in (("value", "layers", "x"), ("value", "units", 2.7), ("value", "bins", 1),
+                              ("rssm", "deter", None), ("rssm", "classes", True)):  # fmt: skip
+        value, rssm = ({**VALUE, key: bad}, RSSM) if mapping == "value" else (VALUE, {**RSSM, key: bad})
+        assert_refused(lambda: build(value, rssm), mapping, f"{key}={bad!r}", "an integer")
+    critic = build({**VALUE, "layers": 2.0, "units": np.int64(32)}, RSSM)  # whole numbers of any kind
+    assert (critic.num_dense_layers, critic.dense_hidden_units) == (2, 32)
+
+
+def test_issue_71_finding_18_critic_output_loss_broadcasts_its_target_as_the_official_two_hot(nj, golden):
+    """`CriticOutput.loss` broadcasts `target` against the logits' leading shape as the official `TwoHot.loss` does
+    (`target[..., None]` against `[..., bins]`), and names `target` where they do not broadcast (it raised an
+    internal JAX error)."""
+    import jax
+
+    val, _ = heads(critic_of(golden))
+    state = jax.device_put(params_of(golden))
+    ret = golden["ret"]
+
+    def losses(x):
+        out = val(x, 2)
+        return out.loss(ret[None]), out.loss(ret[:1]), out.loss(ret[:, :1]), out.loss(2.5), out.loss(ret)
+
+    _, (lead, row, column, scalar, same) = jax.jit(nj.pure(losses))(state, golden["feat"])
+    assert lead.shape == (1, 3, 4) and rel(lead[0], golden["loss_ret"]) < 2e-5  # the official numbers
+    np.testing.assert_allclose(np.asarray(lead[0]), np.asarray(same), rtol=1e-6)
+    for got, target in ((row, np.broadcast_to(ret[:1], (3, 4))), (column, np.broadcast_to(ret[:, :1], (3, 4))),
+                        (scalar, np.full((3, 4), 2.5, "float32"))):  # fmt: skip
+        _, want = nj.pure(lambda x, t: val(x, 2).loss(t))(state, golden["feat"], np.ascontiguousarray(target))
+        assert got.shape == (3, 4)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    for bad in (np.zeros(5, "float32"), np.zeros((2, 4), "float32")):
+        call = lambda bad=bad: nj.pure(lambda x: val(x, 2).loss(bad))(state, golden["feat"])  # noqa: E731
+        assert_refused(call, "target", str(list(bad.shape)), "[3, 4]")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork
-from tests.conftest import random_inputs, randomize, to_np
+from tests.conftest import BACKEND, compiled, random_inputs, randomize, to_np
 
 
 @pytest.fixture
@@ -110,3 +110,66 @@ def test_update_ema_refuses_a_decay_outside_the_unit_interval(critic, decay):
         critic.update_ema(decay=decay)
     for v, b in zip(critic.ema_weights, before):
         np.testing.assert_array_equal(to_np(v), b)
+
+
+def _stateless(critic, h, z, **kwargs):
+    fast = [v.value for v in critic.trainable_variables]
+    rest = [v.value for v in critic.non_trainable_variables]
+    return critic.stateless_call(fast, rest, h, z, **kwargs)
+
+
+@pytest.mark.parametrize("ensemble_size", [1, 3])
+@pytest.mark.parametrize("lead", [(5, 3), (2, 3, 2)])
+def test_issue_71_finding_14_stateless_call_takes_the_leading_dims_the_call_takes(lead, ensemble_size):
+    """Issue 71 finding 14: `stateless_call` refused `[T, B, ...]` that `critic(h, z)` takes: it takes them, its
+    outputs are the flat batch's reshaped (bit for bit) and `critic(h, z)`'s (to float32 rounding: the call runs
+    a compiled pass), on every backend; jit-compiled too (`jax.jit`, `tf.function`)."""
+    critic = CriticNetwork(model_size="nano", ensemble_size=ensemble_size)
+    randomize(critic, seed=3)
+    for var in critic.ema_weights:  # the EMA copy apart from the fast weights: a mix-up shows
+        var.assign(var.value * 0.5)
+    n = int(np.prod(lead))
+    h, z = random_inputs(critic, n, seed=4)
+    members = () if ensemble_size == 1 else (ensemble_size,)
+    want = None  # the fast pass's flat logits
+    for use_ema in (False, True):
+        (value, logits), state = _stateless(
+            critic, h.reshape(lead + (-1,)), z.reshape(lead + z.shape[1:]), use_ema=use_ema
+        )
+        assert tuple(value.shape) == members + lead and tuple(logits.shape) == members + lead + (255,)
+        assert len(state) == len(critic.non_trainable_variables)
+        (flat_value, flat_logits), _ = _stateless(critic, h, z, use_ema=use_ema)
+        want = want if use_ema else flat_logits
+        np.testing.assert_array_equal(to_np(value), to_np(flat_value).reshape(members + lead))
+        np.testing.assert_array_equal(to_np(logits), to_np(flat_logits).reshape(members + lead + (255,)))
+        call_value, call_logits = critic(h.reshape(lead + (-1,)), z.reshape(lead + z.shape[1:]), use_ema=use_ema)
+        np.testing.assert_allclose(to_np(value), to_np(call_value), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(to_np(logits), to_np(call_logits), rtol=1e-5, atol=1e-5)
+    if BACKEND != "torch":  # the compiled forms a JAX or TensorFlow host runs it in
+        fast = [v.value for v in critic.trainable_variables]
+        rest = [v.value for v in critic.non_trainable_variables]
+        step = compiled(lambda f, r, a, b: critic.stateless_call(f, r, a, b)[0])
+        got = step(fast, rest, h.reshape(lead + (-1,)), z.reshape(lead + z.shape[1:]))
+        np.testing.assert_allclose(to_np(got[1]), to_np(want).reshape(members + lead + (255,)), rtol=1e-5, atol=1e-5)
+
+
+_SAME_LEAD = (
+    r"expected h \[\.\.\., gru_units=16\] and z \[\.\.\., num_z_categoricals=4, num_z_classes=4\] with the same"
+)
+
+
+@pytest.mark.parametrize(
+    "h_shape, z_shape, match",
+    [
+        ((5, 3, 15), (5, 3, 4, 4), r"^h: got shape \[None, 15\], expected \[B, 16\] \(gru_units=16\)"),
+        ((5, 3, 16), (5, 3, 4, 5), r"^z: got shape \[None, 4, 5\], expected \[B, 4, 4\] \(num_z_categoricals=4"),
+        ((5, 3, 16), (4, 3, 4, 4), r"^h, z: got shapes \[5, 3, 16\] and \[4, 3, 4, 4\]; " + _SAME_LEAD),
+        ((5, 3, 16), (5, 3, 2, 4, 4), r"^h, z: got shapes \[5, 3, 16\] and \[5, 3, 2, 4, 4\]; " + _SAME_LEAD),
+        ((5, 3, 16), (5, 4, 4), r"^h: got shape \[5, 3, 16\], expected \[B, 16\]"),
+    ],
+)
+def test_issue_71_finding_14_stateless_call_refuses_what_the_call_refuses(critic, h_shape, z_shape, match):
+    """With leading dims, `stateless_call` refuses a bad input as `critic(h, z)` does: a `ValueError` naming the
+    argument, what it got and what was expected."""
+    with pytest.raises(ValueError, match=match):
+        _stateless(critic, np.zeros(h_shape, "float32"), np.zeros(z_shape, "float32"))

@@ -15,7 +15,7 @@ Three launches per engine, shared by the tests of its module (`runs`):
 
 Then `guards` (five launches the hosts refuse or stop cleanly) and `disagreements` (four launches where host 1
 asks for another HL-Gauss sigma, dtype policy or checkpoint schedule: refused on both hosts before any step,
-within `REFUSAL_LIMIT_S` of both starting).
+within `REFUSAL_LIMIT_S` of both starting, the critics compared as the configs they resolve to).
 """
 
 from __future__ import annotations
@@ -324,17 +324,19 @@ REFUSAL_LIMIT_S = 10.0
 HL_GAUSS = '{"head": {"class_name": "hl_gauss", "config": {"sigma": %s}}}'
 # Host 1's other options, and the words of the refusal, the same on every host.
 DISAGREEMENTS = {
+    # Host 0 gives the head by name (HL-Gauss's default sigma, 0.75), host 1 as a spec: compared resolved.
     "sigma": (
         ["--critic-options", HL_GAUSS % 1.0],
         "critic option 'head.sigma': host 0 has 0.75, host 1 has 1.0;",
     ),
     "global dtype": (
         ["--dtype-policy", "mixed_bfloat16"],
-        "dtype policy: host 0 has 'float32', host 1 has 'mixed_bfloat16';",
+        "dtype policy 'global': host 0 has 'float32', host 1 has 'mixed_bfloat16';",
     ),
+    # Host 0 leaves the critic's dtype at its default.
     "critic dtype": (
         ["--critic-options", '{"dtype": "mixed_bfloat16"}'],
-        "critic option 'dtype': host 0 has no such option, host 1 has 'mixed_bfloat16';",
+        "dtype policy 'critic': host 0 has 'float32', host 1 has 'mixed_bfloat16';",
     ),
     "schedule": (["--checkpoint-every", "4"], "run option 'checkpoint_every': host 0 has 2, host 1 has 4;"),
 }
@@ -347,7 +349,7 @@ def disagreements(engine, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"{engine}-disagreements")
     launches = {}
     for name, (theirs, _) in DISAGREEMENTS.items():
-        ours = ["--critic-options", HL_GAUSS % 0.75] if name == "sigma" else []
+        ours = ["--critic-options", '{"head": "hl_gauss"}'] if name == "sigma" else []
         folder = str(base / name.replace(" ", "-"))
         host1 = " ".join(f"'{arg}'" for arg in theirs)
         launches[name] = (
@@ -388,6 +390,17 @@ def test_finding_8_another_hl_gauss_sigma_is_refused_naming_it_and_each_hosts_va
 @pytest.mark.parametrize("which", ["global dtype", "critic dtype"])
 def test_finding_6_another_dtype_policy_is_refused_before_any_step(engine, disagreements, which):
     # (Before: both hosts trained, exited with 0 and wrote checkpoints.)
+    check_refused_before_any_step_within_seconds(engine, *disagreements[which], DISAGREEMENTS[which][1])
+
+
+@pytest.mark.parametrize("which", ["sigma", "critic dtype"])
+def test_issue_71_finding_19_the_hosts_compare_resolved_critics_naming_the_option_and_both_values(
+    engine, disagreements, which
+):
+    """A head given by name on host 0 and as a spec on host 1 (both used to show `'hl_gauss'`, never the sigma);
+    an option host 0 leaves at its default (`host 0 has no such option` before): both hosts' values named."""
+    launch, _ = disagreements[which]
+    assert not launch.lines(r"has no such option|host 0 has 'hl_gauss', host 1 has 'hl_gauss'"), launch.report()
     check_refused_before_any_step_within_seconds(engine, *disagreements[which], DISAGREEMENTS[which][1])
 
 

@@ -167,3 +167,109 @@ def test_finding_7_a_message_of_another_kind_is_refused_naming_both_kinds(monkey
     assert not isinstance(err.value, ValueError)  # no input to fix (and no damaged checkpoint to pass over)
     assert not list(tmp_path.iterdir())  # refused before host 0 wrote anything
     assert hosts.preempted() is False  # a message of the kind expected
+
+
+RESOLVED_SPECS = {
+    "default": {"model_size": "nano"},
+    "head by name": {"model_size": "nano", "head": "hl_gauss"},
+    "head by spec": {"model_size": "nano", "head": {"class_name": "hl_gauss", "config": {"sigma": 1.0}}},
+    "legacy sigma": {"model_size": "nano", "head": "hl_gauss", "hl_gauss_sigma": 0.5},
+    "ensemble": {"model_size": "nano", "ensemble_size": 3, "aggregation": "min_of_random", "dtype": "mixed_bfloat16"},
+    "explicit": {
+        **{"model_size": None, "num_dense_layers": 2, "dense_hidden_units": 8, "gru_units": 4},
+        **{"num_z_categoricals": 2, "num_z_classes": 3, "trunk": "residual", "norm": "rms", "norm_epsilon": 1e-4},
+        **{"use_bias": True, "bin_scheme": "symexp", "kernel_initializer": "he_normal", "input_layout": "z_h"},
+    },
+    "other parts": {"model_size": "nano", "head": "quantile", "trunk": "residual"},
+    "part options": {"model_size": "nano", "head": {"class_name": "mse", "config": {"symlog": False}}},
+    "multi": {
+        "critics": {"task": {"model_size": "nano"}, "explore": {"model_size": "nano", "head": "hl_gauss"}},
+        "stream_weights": {"explore": 0.5},
+        "normalizers": {"task": {"impl": "perc", "rate": 0.01, "debias": True}, "explore": "meanstd"},
+    },
+}
+
+
+def replay(monkeypatch, spec):
+    """What a host asking for `spec` sends in `agree_critic`'s exchanges, in order (as host 1 of 2, every host
+    sending the same)."""
+    sent = []
+    FakeHosts(monkeypatch, 1, [lambda data, call: data])
+    monkeypatch.setattr(hosts, "_exchange", lambda data, width, variables: sent.append(data) or [data, data])
+    hosts.agree_critic("critic 'single'", spec, {"run option": {"steps": 4}})
+    return sent
+
+
+@pytest.mark.parametrize("name", sorted(RESOLVED_SPECS))
+def test_issue_71_finding_19_critic_config_is_the_built_critics_config_without_building_it(name):
+    spec = RESOLVED_SPECS[name]
+    resolved = hosts.critic_config(spec)
+    built = (MultiCritic(**spec) if "critics" in spec else CriticNetwork(**spec)).get_config()
+    assert json.dumps(resolved) == json.dumps(built)  # the same options, values and order
+
+    def named(config):  # what `agree_critic` exchanges: without Keras's serialization (it imports TensorFlow)
+        if isinstance(config, dict):
+            return {
+                k: v["config"]["name"] if k == "dtype" else None if k == "kernel_initializer" else named(v)
+                for k, v in config.items()
+            }
+        return config
+
+    assert json.dumps(hosts._resolved(spec, serialized=False)) == json.dumps(named(built))
+
+
+def test_issue_71_finding_19_hosts_compare_the_resolved_configs_naming_the_option_and_both_values(monkeypatch):
+    """Before building the critic (the examples' pre-build check): a head given by name on host 0 (HL-Gauss's
+    default sigma, 0.75) and as a spec with sigma 1.0 on host 1 (both used to show `'hl_gauss'`); an option host 0
+    leaves at its default (`host 0 has no such option` before); the critic's dtype policy. The same words as
+    `CriticTrainer`'s own check."""
+    hl = {"class_name": "hl_gauss", "config": {"sigma": 1.0}}
+    for ours, theirs, message in (
+        ({"head": "hl_gauss"}, {"head": hl}, "critic option 'head.sigma': host 0 has 0.75, host 1 has 1.0;"),
+        ({}, {"ensemble_size": 2}, "critic option 'ensemble_size': host 0 has 1, host 1 has 2;"),
+        ({}, {"dtype": "mixed_bfloat16"}, "dtype policy 'critic': host 0 has 'float32', host 1 has 'mixed_bfloat16';"),
+        ({"head": "two_hot"}, {"head": hl}, "critic option 'head': host 0 has 'two_hot', host 1 has 'hl_gauss';"),
+    ):
+        other = replay(monkeypatch, {"model_size": "nano", **theirs})
+        FakeHosts(monkeypatch, 0, [lambda data, call, other=other: other[call - 1]])
+        with pytest.raises(ValueError) as err:
+            hosts.agree_critic("critic 'single'", {"model_size": "nano", **ours}, {"run option": {"steps": 4}})
+        assert str(err.value).startswith(f"critic 'single': hosts disagree on {message}"), str(err.value)
+        assert "expected the same on every host" in str(err.value)
+    # The same critic asked for two ways (its defaults given or left out): agreed.
+    explicit = {"model_size": "nano", "head": {"class_name": "hl_gauss", "config": {"sigma": 0.75}}, "dtype": "float32"}
+    other = replay(monkeypatch, dict(explicit, ensemble_size=1, aggregation="mean", num_buckets=255))
+    fake = FakeHosts(monkeypatch, 0, [lambda data, call: other[call - 1]])
+    hosts.agree_critic("critic 'single'", {"model_size": "nano", "head": "hl_gauss"}, {"run option": {"steps": 4}})
+    assert fake.rounds == [hosts.EXCHANGE_BYTES]  # one small exchange, as the spec itself took
+    # This host's own spec that cannot be resolved: its own error, once the others know.
+    fake = FakeHosts(monkeypatch, 0, [lambda data, call: other[call - 1]])
+    with pytest.raises(ValueError, match=r"^norm: got 'x', expected one of"):
+        hosts.agree_critic("critic 'single'", {"model_size": "nano", "norm": "x"}, {"run option": {"steps": 4}})
+    assert fake.rounds == [hosts.EXCHANGE_BYTES]
+    # A spec one host cannot resolve: refused on every host, naming that host (not a host waiting alone).
+    FakeHosts(
+        monkeypatch,
+        0,
+        [
+            lambda data, call: json.dumps(
+                {"kind": "agree critic 'single'", "value": {"error": "ValueError: norm: got 'x'"}}
+            ).encode()
+        ],
+    )
+    with pytest.raises(
+        ValueError, match=r"^critic 'single': host 1 cannot build the critic it asks for \(ValueError: norm"
+    ):
+        hosts.agree_critic("critic 'single'", {"model_size": "nano"})
+
+
+def test_issue_71_finding_19_agree_shows_whole_specs_of_one_kind(monkeypatch):
+    """`agree` on raw specs: two specs of one kind that differ show whole (their name alone told them apart by
+    nothing)."""
+    ours = {"critic option": {"head": {"class_name": "hl_gauss", "config": {"sigma": 0.75}, "x": 1}}}
+    theirs = {"critic option": {"head": {"class_name": "hl_gauss", "config": {"sigma": 0.75}, "x": 2}}}
+    FakeHosts(monkeypatch, 0, [lambda data, call: json.dumps(json.loads(data) | {"value": theirs}).encode()])
+    with pytest.raises(
+        ValueError, match=r"'head': host 0 has \{'class_name': 'hl_gauss', .*'x': 1\}, host 1 has .*'x': 2\}"
+    ):
+        hosts.agree("CriticTrainer", ours)
