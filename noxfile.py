@@ -1,6 +1,7 @@
 """One nox session per entry of backends_matrix.yaml: the test-suite on each backend, and the tool sessions.
 
-`nox` runs them all; `nox -s torch` one; `nox -s jax -- -k two_hot` passes
+`nox` runs them all but those marked `default: false` (the `oldest` session: the
+declared lower bounds); `nox -s torch` runs one, such a session too; `nox -s jax -- -k two_hot` passes
 arguments to pytest. An entry with a `command` (the `docs` and `package`
 sessions), or `commands` (several, `lint`), installs only its own `packages` and
 runs them instead.
@@ -47,12 +48,24 @@ def _reachable(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
+def _name(requirement) -> str:
+    """The project name a pip requirement (`keras==3.15.1`, `ray[rllib]==2.60.0`) installs, lower case."""
+    return re.split(r"[\[<>=!~ ;]", str(requirement), maxsplit=1)[0].lower()
+
+
+def _with_own_pins(common, own) -> list:
+    """`common`'s requirements less those of a package that `own` also pins (pip refuses two pins of one
+    package), then `own`'s."""
+    own = list(own)
+    names = {_name(r) for r in own}
+    return [r for r in common if _name(r) not in names] + own
+
+
 def _install_from_their_indexes(s: nox.Session, packages) -> None:
     """Installs each of `packages` that `package_indexes` names from that index (the pin, nothing else), where
     the index can be reached; the session's install that follows then finds it satisfied."""
     for requirement in packages:
-        name = re.split(r"[\[<>=!~ ;]", str(requirement), maxsplit=1)[0].lower()
-        url = MATRIX.get("package_indexes", {}).get(name)
+        url = MATRIX.get("package_indexes", {}).get(_name(requirement))
         if url is None:
             continue
         if _reachable(url):
@@ -85,7 +98,7 @@ def _make_session(name: str, spec: dict):
                 )
             return
         _install_from_their_indexes(s, _flat(spec["packages"]))
-        s.install(*_flat(common.get("packages", [])), *_flat(spec["packages"]))
+        s.install(*_with_own_pins(_flat(common.get("packages", [])), _flat(spec["packages"])))
         s.install("-e", ".[test]")
         # Fail early if Keras does not really run on this session's backend.
         s.run(
@@ -107,5 +120,9 @@ def _make_session(name: str, spec: dict):
     return nox.session(name=name, python=False if spec.get("no_venv") else None)(session)
 
 
-for _name, _spec in MATRIX["sessions"].items():
-    globals()[_name.replace("-", "_")] = _make_session(_name, _spec)
+for _session, _spec in MATRIX["sessions"].items():
+    globals()[_session.replace("-", "_")] = _make_session(_session, _spec)
+
+# A bare `nox` runs these; `nox -s NAME` any session. (`nox.options.sessions`, not nox.session's `default`:
+# it works with every nox release.)
+nox.options.sessions = [name for name, spec in MATRIX["sessions"].items() if spec.get("default", True)]

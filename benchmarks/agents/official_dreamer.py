@@ -38,17 +38,19 @@ Writes the episodes' returns against environment steps (the official
 to `--json` after every finished half (a rerun skips the halves already
 there, so a long comparison can be split over sessions).
 
+`OFFICIAL` is a folder of your choice outside this checkout (e.g. `OFFICIAL="$PWD/../dreamerv3-official"`).
+
 Setup, once (the source from GitHub at `COMMIT`, the official environment
 from PyPI: jax <= 0.6.2, numpy < 2, gym 0.25.2, as `PACKAGES` pins):
 
-    python benchmarks/agents/official_dreamer.py --setup /work/official   # src/ and venv/ under it
+    python benchmarks/agents/official_dreamer.py --setup "$OFFICIAL"   # src/ and venv/ under it
 
 Run, in the official environment (multicritic from this checkout):
 
-    export MULTICRITIC_OFFICIAL_SRC=/work/official/src
-    /work/official/venv/bin/python benchmarks/agents/official_dreamer.py --calibrate 8
-    /work/official/venv/bin/python benchmarks/agents/official_dreamer.py --variants stock swap swap-2024 \\
-        --seeds 0 1 2 --steps 20000 --cpus 0 1 --work /work/official/logs \\
+    export MULTICRITIC_OFFICIAL_SRC="$OFFICIAL"/src
+    "$OFFICIAL"/venv/bin/python benchmarks/agents/official_dreamer.py --calibrate 8
+    "$OFFICIAL"/venv/bin/python benchmarks/agents/official_dreamer.py --variants stock swap swap-2024 \\
+        --seeds 0 1 2 --steps 20000 --cpus 0 1 --work "$OFFICIAL"/logs \\
         --json benchmarks/results/results_official_dreamer.json
 
 Render, in the project's environment: `python benchmarks/agents/plot_curves.py official

@@ -57,6 +57,9 @@ _DEVICES = {}
 
 
 def _torch_device(name):
+    if torch.compiler.is_dynamo_compiling():
+        # Read in a trace, the cache would be guarded on, and its first entry (made by the trace) recompile.
+        return torch.device(name)
     device = _DEVICES.get(name)
     if device is None:
         device = _DEVICES[name] = torch.device(name)

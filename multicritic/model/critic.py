@@ -377,21 +377,14 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
             raise ValueError(f"use_ema: got {kwargs['use_ema']!r}, expected True or False.")
         dtype = self.compute_dtype
         h, z = real_tensor("h", h, dtype), real_tensor("z", z, dtype)
-        if len(h.shape) <= 2 or len(z.shape) <= 3:
+        lead = self._leading_dims(h, z)
+        if lead is None:
             return super().__call__(h, z, *args, **kwargs)
         # Leading dims ([T, B, ...]): one flat batch through the network, then the host's shape back.
-        lead = static_shape(h.shape)[:-1]
-        if len(z.shape) != len(h.shape) + 1 or not compatible(static_shape(z.shape)[:-2], lead):
-            raise ValueError(
-                f"h, z: got shapes {list(static_shape(h.shape))} and {list(static_shape(z.shape))}; expected h [..., "
-                f"gru_units={self.gru_units}] and z [..., num_z_categoricals={self.num_z_categoricals}, "
-                f"num_z_classes={self.num_z_classes}] with the same leading dimensions."
-            )
-        self.check_inputs((None,) + static_shape(h.shape)[-1:], (None,) + static_shape(z.shape)[-2:])
         flat = super().__call__(
             ops.reshape(h, (-1, h.shape[-1])), ops.reshape(z, (-1,) + tuple(z.shape[-2:])), *args, **kwargs
         )
-        return self._unflatten(flat, ops.shape(h)[:-1])
+        return self._unflatten(flat, lead)
 
     def _unflatten(self, outputs, lead):
         """`(value [N] or [K, N], logits [..., N, U])` back to the leading dims `lead` of the inputs."""
