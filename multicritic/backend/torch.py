@@ -22,7 +22,8 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.torch import core as keras_torch
 
 from multicritic.backend import contract as backend_contract
-from multicritic.backend import torch_replay, torch_step, torch_views
+from multicritic import validation
+from multicritic.backend import torch_replay, torch_step, torch_views, trace_reads
 from multicritic.backend.compiled_calls import host_array_kept, native_byte_order
 from multicritic.backend.contract import Backend
 
@@ -431,3 +432,20 @@ class TorchBackend(Backend):
 
 
 BACKEND = TorchBackend()
+
+# Dynamo traces the critic's Python: what it must not record as the compiled code's guards or side effects.
+trace_reads.compiling = torch.compiler.is_compiling
+# The dtype names' cache filled now, not by a compiled trace (a dict changed in a trace breaks its graph).
+for _dtype in (
+    torch.bfloat16,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+):
+    validation.dtype_name(_dtype)

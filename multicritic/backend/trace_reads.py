@@ -41,11 +41,17 @@ CACHE_PREFIX = "_cache_"
 _LOCAL = threading.local()
 
 
+# Set by a backend whose compiler traces Python (PyTorch's Dynamo: `torch.compiler.is_compiling`): a `setattr`
+# inside a region it compiles is not counted, or the compiled code would be guarded on the count and compiled
+# again at every change of it. (Keras's own calls set no attribute to a new object.)
+compiling = None
+
+
 def _watched_setattr(self, name, value, _setattr=keras.Layer.__setattr__):
     _setattr(self, name, value)
     # A framework module's parameter slot (PyTorch's `_parameters`, what `torch.func.functional_call` swaps at
     # every call) is not what the Keras pass reads: it reads the variables.
-    if name not in getattr(self, "_parameters", ()):
+    if name not in getattr(self, "_parameters", ()) and not (compiling is not None and compiling()):
         _EPOCH[0] += 1
 
 
