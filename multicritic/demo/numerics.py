@@ -121,7 +121,7 @@ def pin(backend: str, environ=None, jaxlib_version: Optional[str] = None, starte
 def describe(record: dict) -> str:
     """One line for the demo's output."""
     if record.get("pinned"):
-        return f"numerics: pinned for every x86-64 CPU (2 XLA threads, AVX2 code, portable math; {OPT_OUT}=0 lifts it)"
+        return f"numerics: pinned so that CPUs agree (2 XLA threads, AVX2 code, portable math; {OPT_OUT}=0 lifts it)"
     return f"numerics: not pinned ({record.get('reason')}); the numbers may differ between CPUs"
 
 

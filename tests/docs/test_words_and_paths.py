@@ -13,7 +13,8 @@ import pytest
 from tests.docs import blocks
 
 ROOT = blocks.ROOT
-PAGES = sorted(p for pattern in blocks.PAGES for p in ROOT.glob(pattern) if p.is_file())
+# The changelog too: the docs site shows it (docs/changelog.md includes it).
+PAGES = sorted({p for pattern in (*blocks.PAGES, "CHANGELOG.md") for p in ROOT.glob(pattern) if p.is_file()})
 RESULTS = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
 
 # A folder of someone's machine: an absolute path under a home, a scratch or a temporary directory. The look-behind
