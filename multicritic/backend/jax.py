@@ -130,12 +130,11 @@ def _compile_call(fn, variables):
     def pure(values, *inputs):
         with trace_reads.ReadingScope(state_mapping=list(zip(held, values))) as scope:
             start = dict(scope.state_mapping)
-            with trace_reads.recording() as recorder:
-                out = fn(*inputs)
+            out = fn(*inputs)
         if assigned(scope, start):  # a random layer's seed, a counter: lost in the scope
             raise _Assigns
-        if recorder.unmapped:
-            raise _ReadsMore(recorder.unmapped)
+        if scope.unmapped:
+            raise _ReadsMore(list(scope.unmapped.values()))
         return out
 
     jitted = jax.jit(pure)

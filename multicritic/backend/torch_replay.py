@@ -232,11 +232,13 @@ class _Graph:
 def _trace(owner, variables, fn, inputs, reference, values=None):
     tensors = [v.value for v in variables] if values is None else list(values)
     n = len(tensors)
+    unmapped = {}
 
     def pure(*args):
         with trace_reads.ReadingScope(state_mapping=list(zip(variables, args[:n]))) as scope:
             start = dict(scope.state_mapping)
             out = fn(*args[n:])
+        unmapped.update(scope.unmapped)
         if assigned(scope, start):  # recorded in the scope, not traced: a replay would leave it out
             raise ValueError("the pass assigns a variable")
         # The graph returns a flat list of tensors (a tuple, list, dict or nested outputs: packed back per call).
@@ -255,7 +257,7 @@ def _trace(owner, variables, fn, inputs, reference, values=None):
         with trace_reads.recording() as recorder:
             gm = fx()
         # A variable it was not given would be replayed as the tensor it held at trace time.
-        if recorder.unmapped:
+        if unmapped:
             return _UNTRACEABLE
         reads = recorder.snapshot(owner, MODULE_BOOKKEEPING)
         if _assigns(gm):  # replaying it (and checking the replay) would assign again: eager, every call

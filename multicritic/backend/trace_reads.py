@@ -22,10 +22,8 @@ from __future__ import annotations
 import contextlib
 import operator
 import sys
-import threading
 from collections.abc import Mapping, MutableSequence, MutableSet
 from itertools import chain
-from typing import List
 
 import keras
 from keras import StatelessScope
@@ -37,9 +35,6 @@ _EPOCH = [0]
 # Attributes named so are run-time caches kept on a layer by multicritic (compiled calls, module slots):
 # they never change what a pass computes, and they change as passes are compiled.
 CACHE_PREFIX = "_cache_"
-
-_LOCAL = threading.local()
-
 
 # Set by a backend whose compiler traces Python (PyTorch's Dynamo: `torch.compiler.is_compiling`): a `setattr`
 # inside a region it compiles is not counted, or the compiled code would be guarded on the count and compiled
@@ -59,24 +54,23 @@ keras.Layer.__setattr__ = _watched_setattr
 
 
 class ReadingScope(StatelessScope):
-    """A `StatelessScope` (`state_mapping` as Keras's) that notes, in the enclosing `recording`, each variable
-    read that the mapping does not hold: a traced pass would bake its value in as a constant."""
+    """A `StatelessScope` (`state_mapping` as Keras's) that notes in `unmapped` (by id) each variable read that
+    the mapping does not hold: a traced pass would bake its value in as a constant."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unmapped = {}
 
     def get_current_value(self, variable):
         value = super().get_current_value(variable)
         if value is None:
-            recorder = getattr(_LOCAL, "recorder", None)
-            if recorder is not None and id(variable) not in recorder.unmapped_ids:
-                recorder.unmapped_ids.add(id(variable))
-                recorder.unmapped.append(variable)
+            self.unmapped.setdefault(id(variable), variable)
         return value
 
 
 class _Recorder:
     def __init__(self):
         self.layers = {}  # id -> layer, in the order first seen
-        self.unmapped: List = []
-        self.unmapped_ids = set()
 
     def profile(self, frame, event, arg):
         if event == "call":
@@ -104,9 +98,8 @@ def watch(owner, skip=frozenset(), more=()) -> "Reads":
 @contextlib.contextmanager
 def recording():
     """Watches a trace run inside it (this thread's): yields a recorder whose `snapshot(owner, skip)` is the
-    `Reads` of what ran, and whose `unmapped` lists the variables read outside a `ReadingScope`'s mapping."""
+    `Reads` of what ran."""
     recorder = _Recorder()
-    outer_recorder = getattr(_LOCAL, "recorder", None)
     outer_profile = sys.getprofile()
 
     def profile(frame, event, arg):
@@ -114,13 +107,11 @@ def recording():
         if outer_profile is not None:
             outer_profile(frame, event, arg)
 
-    _LOCAL.recorder = recorder
     sys.setprofile(profile)
     try:
         yield recorder
     finally:
         sys.setprofile(outer_profile)
-        _LOCAL.recorder = outer_recorder
 
 
 def _contents(value):
