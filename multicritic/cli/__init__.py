@@ -332,11 +332,12 @@ def _validate(argv: List[str]):
         else:
             backend = _environment_backend("; or pass --backend")
     else:
-        plan = None if args.worker else _check_backends(args)
         # The parent runs no critic (it compares the workers' numbers) but imports
-        # Keras: it runs on the first backend checked unless KERAS_BACKEND names
-        # one (which must then work).
-        backend = plan[0] if plan and not os.environ.get("KERAS_BACKEND") else _environment_backend()
+        # Keras: it runs on KERAS_BACKEND where set (checked first, as the first
+        # thing the user set), else on the first backend checked.
+        named = _environment_backend() if os.environ.get("KERAS_BACKEND") else None
+        plan = None if args.worker else _check_backends(args)
+        backend = named or (plan[0] if plan else _environment_backend())
     return args, plan, backend
 
 

@@ -233,6 +233,21 @@ def test_clear_one_line_errors(args, message, capsys, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # and nothing written
 
 
+@pytest.mark.parametrize("installed", [["tensorflow"], ["jax", "torch"], []])
+def test_keras_backend_is_checked_first_whatever_is_installed(installed, capsys, monkeypatch):
+    """`check` with a wrong KERAS_BACKEND names KERAS_BACKEND, not what is (not)
+    installed: a CI session with one backend installed met the other error first."""
+    import multicritic.cli as cli
+
+    monkeypatch.setattr(cli, "installed_backends", lambda: list(installed))
+    monkeypatch.setenv("KERAS_BACKEND", "nonsense")
+    with pytest.raises(SystemExit) as exit_:
+        cli.preflight(["check"])  # what the command runs before Keras is imported
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("multicritic: error: KERAS_BACKEND: got 'nonsense', expected one of"), err
+
+
 @pytest.mark.parametrize(
     "args, env, message",
     [
