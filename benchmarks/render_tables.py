@@ -16,7 +16,9 @@ and everything between them is this script's output. Pages are never edited by h
 renderer with a new file (`<!-- table: train_step results_train_step_compiled.json backends=torch -->`; the
 option `part=NAME` takes one part of a merged file such as `results_gpu.json`), or
 register a new renderer below (a function of the loaded JSON files and the marker's `key=value` options,
-returning the table's Markdown lines), then run the script.
+returning the table's Markdown lines), then run the script. A sentence that quotes a result file is a block
+too: its renderer returns the paragraph, numbers and verdicts computed from the file (README.md,
+docs/performance.md and docs/real-agents.md type no measured number by hand: `tests/docs/test_hand_numbers.py`).
 
 It needs numpy and the package itself (the registries' tables), which every test session has, so the check
 runs in every test session.
@@ -511,6 +513,16 @@ PEER_LABELS = {
 }
 
 
+def _peer_ours_ms(r, ours):
+    """Our ms in a peers record: `ours="compiled"`, the step `"auto"` runs from a step kind's 1000th call (PyTorch's
+    `multicritic_jit_ms`; JAX always jitted); `"eager"`, PyTorch's eager step (None for JAX)."""
+    if ours not in ("compiled", "eager"):
+        raise ValueError(f"ours: got {ours!r}, expected 'compiled' or 'eager'")
+    if r["backend"] != "torch":
+        return r["multicritic_ms"] if ours == "compiled" else None
+    return r.get("multicritic_jit_ms") if ours == "compiled" else r["multicritic_ms"]
+
+
 @table("peers")
 def peers(files, ours="compiled"):
     """Each peer's shipped critic update against ours: peer time / ours (> 1: ours is faster) and both times.
@@ -518,13 +530,9 @@ def peers(files, ours="compiled"):
     `ours=compiled`: our step as `"auto"` runs it from a step kind's 1000th call (PyTorch: `jit_compile=True`,
     a record's `multicritic_jit_ms`; JAX: always jitted); `ours=eager`: PyTorch's eager step (its first 1000
     calls), JAX's rows left out."""
-    if ours not in ("compiled", "eager"):
-        raise ValueError(f"ours: got {ours!r}, expected 'compiled' or 'eager'")
 
     def ours_ms(r):
-        if r["backend"] != "torch":
-            return r["multicritic_ms"] if ours == "compiled" else None
-        return r.get("multicritic_jit_ms") if ours == "compiled" else r["multicritic_ms"]
+        return _peer_ours_ms(r, ours)
 
     records = [r for f in files for r in f if "skipped" not in r and ours_ms(r) is not None]
     batches = sorted({r["batch"] for r in records})
@@ -548,7 +556,7 @@ def peers(files, ours="compiled"):
 def host_training(files, form="table"):
     """A host's own DreamerV3 training as it ships and with the swap (`benchmarks/peers/host_training.py`):
     medians of the alternating runs, their ratio and the one-off import of Keras and multicritic; `form=sentence`:
-    the ratios and imports in one sentence."""
+    the ratios and imports in one sentence; `form=import`: the import's weight on the shortest run."""
     records = [r for f in files for r in f]
     if form == "sentence":
         imports = [r["keras_import_s"] for r in records]
@@ -556,8 +564,16 @@ def host_training(files, form="table"):
         return [
             f"{ratios}; importing Keras and multicritic adds {min(imports):.1f}–{max(imports):.1f} s once a process."
         ]
+    if form == "import":  # the import against the shortest run: what a fixed cost a process weighs on
+        r = min(records, key=lambda r: r["stock_s"])
+        with_import = (r["swap_s"] + r["keras_import_s"]) / r["stock_s"]
+        return [
+            f"With the import, the shortest run above ({r['host'].split()[0]}'s, {r['stock_s']:.1f} s stock) takes "
+            f"{with_import:.2f}x the host's own run: the import is a fixed cost per process, which weighs on a run "
+            "of seconds, not on a real one."
+        ]
     if form != "table":
-        raise ValueError(f"form: got {form!r}, expected 'table' or 'sentence'")
+        raise ValueError(f"form: got {form!r}, expected 'table', 'sentence' or 'import'")
     lines = [
         "| host | run | runs | stock s | swap s | swap / stock | Keras + multicritic import s |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -1002,6 +1018,548 @@ def bin_scheme_bias(files):
     return lines
 
 
+# ---------------------------------------------------------------- sentences
+# What the pages say about a result file, written from it: a renderer below returns a paragraph (or a short
+# list) whose numbers and verdicts ("within the target", "the faster way") are computed, so that a remeasured
+# file changes the sentence with the table. `tests/docs/test_hand_numbers.py` fails on a measured-looking
+# number the pages type by hand outside these blocks.
+
+
+def _list(values, fmt="{:.2f}") -> str:
+    """`a, b and c` of numbers."""
+    return _and([fmt.format(v) for v in values])
+
+
+def _steps(n: float) -> str:
+    """A step count to two significant figures: 4,400, 970."""
+    digits = len(str(int(abs(n)))) if n >= 1 else 1
+    return f"{round(n, -max(0, digits - 2)):,.0f}"
+
+
+def _scale(x: float) -> str:
+    """A reward scale or a learning rate as the pages write it: 1, 1e3, 1e6, 2.5e-4."""
+    if x == int(x) and abs(x) < 1000:
+        return f"{x:g}"
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def _train_records(data):
+    """The records of a train-step file: its list, or every `train_step*` part of a merged GPU file."""
+    if isinstance(data, dict):
+        return [r for part, records in data.items() if part.startswith("train_step") for r in records]
+    return data
+
+
+@table("targets_spread")
+def targets_spread(files):
+    """How far a target's ratio moved between its rounds (each a fresh process), over every target of the files:
+    the median move and the largest, as a share of the target's median ratio."""
+    moves = []
+    for data in files:
+        for t in data["targets"]:
+            if len(t["ratios"]) > 1:
+                moves.append(((max(t["ratios"]) - min(t["ratios"])) / float(np.median(t["ratios"])), t))
+    typical = float(np.median([move for move, _ in moves]))
+    top, t = max(moves, key=lambda mt: mt[0])
+    near = {m[1]["target"] for m in moves if abs(float(np.median(m[1]["ratios"])) / m[1]["bound"] - 1) < typical}
+    return [
+        f"Between the rounds of one target, each a fresh process, its ratio moved by {100 * typical:.0f}% of its "
+        f"median in the median target and by up to {100 * top:.0f}% ({t['target']}: {min(t['ratios']):.3f} to "
+        f"{max(t['ratios']):.3f}); {len(near)} of the {len({m[1]['target'] for m in moves})} targets have a median "
+        "nearer their bound than that median move."
+    ]
+
+
+@table("tf_ways")
+def tf_ways(files):
+    """TensorFlow's plain graph against XLA in a train-step file: per batch, the native plain graph's time over the
+    native XLA step's and our plain graph's over our XLA step's, and at which batches the plain graph is faster."""
+    rows, _ = _pairs(files[0])
+    steps = sorted((batch, impls) for (backend, _, batch), impls in rows.items() if backend == "tensorflow")
+    batches = [batch for batch, _ in steps]
+
+    def over(graph, xla):
+        return [impls[graph]["step_ms"] / impls[xla]["step_ms"] for _, impls in steps]
+
+    def faster(ratios):
+        at = [str(b) for b, r in zip(batches, ratios) if r < 1]
+        return f"at batch {_and(at)}" if at else "at no batch"
+
+    native, ours = over("native", "native_xla"), over("multicritic_graph", "multicritic")
+    return [
+        f"The plain graph's time over the XLA step's in this run, at batch {_and(map(str, batches))}: the native "
+        f"step's {_list(native)}, ours {_list(ours)}. The plain graph is the faster way {faster(native)} for the "
+        f"native step and {faster(ours)} for ours."
+    ]
+
+
+@table("extras_cost_summary")
+def extras_cost_summary(files):
+    """`extras_cost`'s rows in words: what leaving out all the extra work saves, against the native plain graph's
+    lead over our full XLA step (TensorFlow) or against the native step (JAX)."""
+    records = [r for f in files for r in f]
+    out = []
+    tf = [r for r in records if "native_xla" in r["over_full"]]
+    if tf:
+        saves = [1 - r["over_full"]["all"] for r in tf]
+        lead = [1 - r["over_full"]["native"] for r in tf]
+        graph = [1 - r["over_full"]["native"] / r["over_full"]["native_xla"] for r in tf]
+        where = _and([f"K = {r['members']}" for r in tf])
+        verdict = (
+            "the gap is mostly XLA against oneDNN on this CPU, not the extra work"
+            if max(saves) < min(lead)
+            else "the extra work is as large as the gap in some rows"
+        )
+        out.append(
+            f"On TensorFlow at batch {_and(sorted({str(r['batch']) for r in tf}))} ({where}), leaving all three out "
+            f"saves {_list([100 * s for s in saves], '{:.1f}%')} of the step, while the native plain graph takes "
+            f"{_list([100 * g for g in lead], '{:.1f}%')} less time than our full XLA step in the same process "
+            f"({_list([100 * g for g in graph], '{:.1f}%')} less than the native XLA step): {verdict}."
+        )
+    for r in records:
+        if r in tf:
+            continue
+        without, native = r["over_full"]["all"], r["over_full"]["native"]
+        compared = (
+            "as fast as the native step"
+            if abs(without - native) <= 0.02
+            else "faster than the native step"
+            if without < native
+            else "slower than the native step"
+        )
+        out.append(
+            f"On {FRAMEWORKS.get(r['backend'], r['backend'])} at batch {r['batch']} the step without all three runs "
+            f"{compared} ({without:.3f} and {native:.3f} of the full step's time); the mirrored-pair decode alone "
+            f"is {100 * (1 - r['over_full']['pairs']):.1f}% of the step there."
+        )
+    return [" ".join(out)]
+
+
+@table("compile_payback")
+def compile_payback(files, backend="torch", native=None):
+    """When a compiled step pays for its compilation, per batch: the compiled and the eager step's times, the compiled
+    step's first call (tracing and compilation), and the steps after which the time saved repays it (`native=IMPL`:
+    that native step's first call too). A train-step file, or a merged GPU file (its `train_step*` parts)."""
+    by_batch: Dict[int, dict] = {}
+    for r in _train_records(files[0]):
+        if r.get("backend") == backend and "step_ms" in r:
+            by_batch.setdefault(r["batch"], {})[r["impl"]] = r
+    rows = [(b, i) for b, i in sorted(by_batch.items()) if {"multicritic", "multicritic_eager"} <= set(i)]
+    batches = _and([str(b) for b, _ in rows])
+    compiled = [i["multicritic"]["step_ms"] for _, i in rows]
+    eager = [i["multicritic_eager"]["step_ms"] for _, i in rows]
+    first = [i["multicritic"]["first_call_s"] for _, i in rows]
+    payback = ["never" if e <= c else _steps(s * 1e3 / (e - c)) for c, e, s in zip(compiled, eager, first, strict=True)]
+    text = (
+        f"At batch {batches} the compiled step took {_list(compiled)} ms against the eager step's {_list(eager)} ms; "
+        f"its first call (tracing and compilation) took {_list(first, '{:.1f}')} s"
+    )
+    if native:
+        text += f" (the {native} step's first call: {_list([i[native]['first_call_s'] for _, i in rows], '{:.1f}')} s)"
+    return [f"{text}, so a compilation paid for itself after about {_and(payback)} steps."]
+
+
+@table("ensemble_summary")
+def ensemble_summary(files, target=None):
+    """An `ensemble` file in words: per backend, ours / the fastest native ensemble at each batch (against the
+    `target`, where given, with three decimals: a ratio shown as 1.05 may be above 1.05), which native that was
+    where there are two, and a Python loop's time over the stacked ensemble's."""
+    rows, _ = _pairs(files[0])
+    per: Dict[str, list] = {}
+    loops = []
+    for (backend, _, batch), r in sorted(rows.items()):
+        native = fastest_native(r)
+        if native is None or "ensemble" not in r:
+            continue
+        per.setdefault(backend, []).append((batch, r["ensemble"]["step_ms"] / r[native]["step_ms"], native, r))
+        if "loop" in r:
+            loops.append(r["loop"]["step_ms"] / r["ensemble"]["step_ms"])
+    parts = []
+    for backend, cells in per.items():
+        text = f"{FRAMEWORKS.get(backend, backend)} " + _and([f"{x:.3f} at batch {b}" for b, x, _, _ in cells])
+        if any(set(NATIVE_ENSEMBLES) <= set(r) for *_, r in cells):
+            names = {"native": "the plain graph", "native_xla": "XLA"}
+            chosen = {n for _, _, n, _ in cells}
+            which = (
+                f"{names[chosen.pop()]} at every batch"
+                if len(chosen) == 1
+                else _and([f"{names[n]} at {b}" for b, _, n, _ in cells])
+            )
+            text += f" (against the faster of its native plain graph and XLA: {which})"
+        if target is not None:
+            met = [str(b) for b, x, _, _ in cells if x <= float(target)]
+            text += (
+                ": within the target at every batch"
+                if len(met) == len(cells)
+                else f": within it at {_and(met)} only"
+                if met
+                else ": above it at every batch"
+            )
+        parts.append(text)
+    head = "Ours / the fastest native ensemble" + (f", against the {target}x target" if target else "")
+    lines = [f"{head}: {'; '.join(parts)}."]
+    if loops:
+        lines[0] += (
+            f" A Python loop of single critics takes {min(loops):.2f}–{max(loops):.2f}x the stacked ensemble's time."
+        )
+    return lines
+
+
+@table("forward_views_summary")
+def forward_views_summary(files):
+    """`forward_views` in words: per size and batch, the range of ours / `nn.Module` over the calls, and
+    `on_latent`'s at the largest."""
+    groups: Dict[tuple, list] = {}
+    for r in files[0]:
+        groups.setdefault((r["size"], r["batch"]), []).append(r)
+    parts = [
+        f"at {size} batch {batch} {min(r['ratio'] for r in rs):.2f}–{max(r['ratio'] for r in rs):.2f}x"
+        for (size, batch), rs in groups.items()
+    ]
+    size, batch = list(groups)[-1]
+    latent = {r["autograd"]: r["ratio"] for r in groups[(size, batch)] if r["entry"].startswith("on_latent")}
+    text = f"Ours over the `nn.Module`'s time per call: {_and(parts)}"
+    if latent:
+        text += (
+            f"; `on_latent` at {size} batch {batch}: {latent[True]:.2f}x with autograd, "
+            f"{latent[False]:.2f}x under `no_grad`"
+        )
+    return [text + "."]
+
+
+@table("step_impls")
+def step_impls(files, backend="torch"):
+    """Every step of one backend in a train-step file (or a merged GPU file) per batch: its ms, and its first
+    call's seconds (tracing and compilation)."""
+    by_impl: Dict[str, Dict[int, dict]] = {}
+    for r in _train_records(files[0]):
+        if r.get("backend") == backend and "step_ms" in r:
+            by_impl.setdefault(r["impl"], {})[r["batch"]] = r
+    batches = sorted({b for rows in by_impl.values() for b in rows})
+    lines = [
+        "| step | " + " | ".join(f"batch {b}: ms (first call s)" for b in batches) + " |",
+        "|---|" + "---:|" * len(batches),
+    ]
+    for impl, rows in by_impl.items():
+        cells = [f"{rows[b]['step_ms']:.2f} ({rows[b]['first_call_s']:.1f})" if b in rows else "–" for b in batches]
+        lines.append(f"| {impl} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@table("ppo_cost_summary")
+def ppo_cost_summary(files):
+    """`ppo_cost` in words: whether every Keras program is within the file's target on every task (the median over
+    seeds of its time over the hand-written loop's), and the closest to it, with its seeds' largest ratio."""
+    results = files[0]
+    target = results["target"]
+    cells = []
+    for (env, backend), cell in sorted(_ppo_cost_cells(results).items()):
+        ratios = _pair_ratios(cell)
+        if ratios:
+            cells.append((float(np.median(ratios)), max(ratios), env, backend))
+    envs = sorted({env for _, _, env, _ in cells})
+    over = [c for c in cells if c[0] > target]
+    closest = max(cells)
+    where = "both tasks" if len(envs) == 2 else f"all {len(envs)} tasks" if len(envs) > 2 else envs[0]
+    verdict = (
+        f"Every backend's Keras program is within the {target:g}x target on {where}"
+        if not over
+        else "Above the {:g}x target: ".format(target)
+        + _and([f"{FRAMEWORKS.get(b, b)} on {e} ({m:.2f})" for m, _, e, b in over])
+    )
+    return [
+        f"{verdict} (the Cost table: the median over seeds of the Keras program's time over the hand-written "
+        f"loop's); the highest is {FRAMEWORKS.get(closest[3], closest[3])} on {closest[2]}, {closest[0]:.2f}, "
+        f"its seeds up to {closest[1]:.2f}."
+    ]
+
+
+@table("peers_range")
+def peers_range(files, ours="eager"):
+    """The `peers` table's ratios (peer time / ours) as one range over the peers per batch."""
+    per: Dict[int, List[float]] = {}
+    for r in (r for f in files for r in f if "skipped" not in r):
+        mine = _peer_ours_ms(r, ours)
+        if mine is not None:
+            per.setdefault(r["batch"], []).append(r["peer_ms"] / mine)
+    what = (
+        'our eager PyTorch step (what `"auto"` runs for a step kind\'s first 1000 calls)'
+        if ours == "eager"
+        else "our step"
+    )
+    spans = _and([f"{min(v):.2f}–{max(v):.2f} at batch {b}" for b, v in sorted(per.items())])
+    return [f"Peer time / ours against {what}: {spans}."]
+
+
+@table("sheeprl_same")
+def sheeprl_same(files, variant="swap"):
+    """Whether a swap's runs are the stock runs episode for episode: per seed, how many of the stock run's episodes
+    (both halves) the swap's run repeats from its first, with the same step and return."""
+    from benchmarks.agents.plot_curves import leading_equal
+
+    runs = files[0]["runs"]
+    counts = []
+    for key, halves in runs.items():
+        name, seed = key.split("/")
+        stock = runs.get(f"stock/{seed}")
+        if name != variant or stock is None or len(halves) < 2 or len(stock) < 2:
+            continue
+        mine = [e for half in halves for e in half["episodes"]]
+        theirs = [e for half in stock for e in half["episodes"]]
+        counts.append((seed, leading_equal(mine, theirs), len(theirs), mine == theirs))
+    if all(same for *_, same in counts):
+        return [
+            f"**Stock and {variant} are the same run.** For each seed, the two variants give the same return for "
+            "every episode ("
+            + ", ".join(f"{n} episodes for seed {seed}" for seed, n, _, _ in counts)
+            + "), on both sides of the resume."
+        ]
+    return [
+        f"**Stock and {variant} part.** Per seed, the {variant} run repeats the stock run's first episodes, then "
+        "parts from it: " + ", ".join(f"{n} of {total} for seed {seed}" for seed, n, total, _ in counts) + "."
+    ]
+
+
+@table("sheeprl_variant")
+def sheeprl_variant(files, variant="swap-2024"):
+    """A critic of the sheeprl runs against the stock one in words: at each budget whether the seeds' ranges overlap
+    (or one is above the other), the means, the critic's reads per half and the CPU time per run."""
+    from benchmarks.agents.plot_curves import final_return
+
+    results = files[0]
+    steps = results["steps"]
+    budgets = [steps // 4, steps // 2, 3 * steps // 4, steps]
+    returns: Dict[str, List[List[float]]] = {}
+    cpu: Dict[str, List[float]] = {}
+    reads = set()
+    for key, halves in results["runs"].items():
+        name = key.split("/")[0]
+        if len(halves) < 2 or name not in ("stock", variant):
+            continue
+        episodes = [e for half in halves for e in half["episodes"]]
+        row = returns.setdefault(name, [[] for _ in budgets])
+        for i, budget in enumerate(budgets):
+            row[i].append(final_return([e for e in episodes if e[0] <= budget], budget, 0.125))
+        cpu.setdefault(name, []).append(sum(h["cpu_s"] for h in halves))
+        if name == variant:
+            reads.add(tuple(h.get("critic_reads") for h in halves))
+    ours, stock = returns[variant], returns["stock"]
+    overlap = [i for i in range(len(budgets)) if min(ours[i]) <= max(stock[i]) and min(stock[i]) <= max(ours[i])]
+    seeds = len(ours[0])
+    text = []
+    if overlap:
+        text.append(
+            f"At {_and([f'{budgets[i]:,}' for i in overlap])} steps its seed ranges overlap the stock critic's "
+            f"(means {' / '.join(f'{np.mean(ours[i]):.0f}' for i in overlap)} against "
+            f"{' / '.join(f'{np.mean(stock[i]):.0f}' for i in overlap)})."
+        )
+    for i in (i for i in range(len(budgets)) if i not in overlap):
+        side = "above" if min(ours[i]) > max(stock[i]) else "below"
+        text.append(
+            f"At {budgets[i]:,} steps all {seeds} of its seeds ended {side} all {len(stock[i])} stock seeds: "
+            f"{_seeds(ours[i])} against {_seeds(stock[i])}."
+        )
+    if len(reads) == 1 and None not in next(iter(reads)):
+        first, second = next(iter(reads))
+        text.append(
+            f"sheeprl's `train` read the critic through `sheeprl_distribution` {first:,} times in the first half and "
+            f"{second:,} in the second for each seed."
+        )
+    text.append(
+        f"Its CPU time per run was {np.mean(cpu[variant]):,.0f} s, the stock critic's {np.mean(cpu['stock']):,.0f} s; "
+        "the times were taken alongside other jobs and are not a timing."
+    )
+    return [" ".join(text)]
+
+
+@table("official_shared")
+def official_shared(files):
+    """How many first episodes each swap shares with the stock run of its seed, read against how many a stock run
+    made again shares with the first (the second file): what the swaps share by chance."""
+    from benchmarks.agents.plot_curves import joined, leading_equal
+
+    done = {key: joined(halves) for key, halves in files[0]["runs"].items() if len(halves) == 2}
+    shared: Dict[str, Dict[str, int]] = {}
+    for key, episodes in done.items():
+        variant, seed = key.split("/")
+        if variant != "stock" and f"stock/{seed}" in done:
+            shared.setdefault(seed, {})[variant] = leading_equal(episodes, done[f"stock/{seed}"])
+    text = []
+    again_seeds = set()
+    verdicts = []  # per stock run made again: whether no swap shares more with stock than it does
+    for repeat in files[1:]:
+        for key, halves in repeat["runs"].items():
+            seed = key.split("/")[1]
+            if not halves or f"stock/{seed}" not in done or seed not in shared:
+                continue
+            again_seeds.add(seed)
+            again = leading_equal(joined(halves), done[f"stock/{seed}"])
+
+            def compared(n, again=again):
+                return "as many" if n == again else "more" if n > again else "fewer"
+
+            swaps = shared[seed]
+            text.append(
+                f"The stock run of seed {seed} made again, with nothing changed, shares its first {again} episodes "
+                "with the first stock run (the sentence under the table); of that seed's swaps, "
+                + ", ".join(f"{variant} shares {n} ({compared(n)})" for variant, n in swaps.items())
+                + "."
+            )
+            verdicts.append(all(n <= again for n in swaps.values()))
+    others = [seed for seed in shared if seed not in again_seeds]
+    same = [seed for seed in others if len(set(shared[seed].values())) == 1]
+    if same:
+        text.append(
+            f"On seed{'s' * (len(same) > 1)} {_and(same)} the swaps part from stock at the same episode "
+            f"({', '.join(str(next(iter(shared[s].values()))) for s in same)})."
+        )
+    for seed in (s for s in others if s not in same):
+        text.append(f"On seed {seed}: " + ", ".join(f"{v} {n}" for v, n in shared[seed].items()) + ".")
+    if verdicts:
+        text.append(
+            "What the swaps share with stock is no more than what stock shares with itself."
+            if all(verdicts)
+            else "A swap shares more with stock than stock shares with itself."
+        )
+    return [" ".join(text)]
+
+
+def _fisher_exact(a: int, b: int, c: int, d: int) -> float:
+    """The two-sided p of Fisher's exact test on the 2x2 table `[[a, b], [c, d]]`, as `scipy.stats.fisher_exact`
+    computes it (the tables at most as likely as the observed one), without scipy."""
+    from math import comb
+
+    row, col, n = a + b, a + c, a + b + c + d
+
+    def p(x):
+        return comb(col, x) * comb(n - col, row - x) / comb(n, row)
+
+    observed = p(a)
+    return min(1.0, sum(p(x) for x in range(max(0, row + col - n), min(row, col) + 1) if p(x) <= observed * (1 + 1e-7)))
+
+
+@table("ppo_learned_counts")
+def ppo_learned_counts(files, env="Acrobot-v1", head="two_hot"):
+    """How many seeds learned (`plot_curves.learned`) on one task and head: per reward scale over every agent, with
+    Fisher's exact test of the smallest scale against the largest, and per agent over its scales, the agent with the
+    most against the others."""
+    from benchmarks.agents.plot_curves import learned
+
+    per_scale: Dict[float, List[bool]] = {}
+    per_agent: Dict[str, List[bool]] = {}
+    for run in files[0]["runs"].values():
+        if run["env"] == env and run["head"] == head:
+            ok = learned(run["episodes"], run["steps"])
+            per_scale.setdefault(run["reward_scale"], []).append(ok)
+            per_agent.setdefault(run["backend"], []).append(ok)
+    scales = sorted(per_scale)
+    low, high = per_scale[scales[0]], per_scale[scales[-1]]
+    p_scales = _fisher_exact(sum(low), len(low) - sum(low), sum(high), len(high) - sum(high))
+    counts = [f"{sum(per_scale[s])} at {_scale(s)}" for s in scales]
+    counts[0] = f"{sum(low)} of {len(low)} seeds learned at scale {_scale(scales[0])}"
+    best = max(per_agent, key=lambda a: sum(per_agent[a]) / len(per_agent[a]))
+    rest = [ok for agent, oks in per_agent.items() if agent != best for ok in oks]
+    mine = per_agent[best]
+    p_best = _fisher_exact(sum(mine), len(mine) - sum(mine), sum(rest), len(rest) - sum(rest))
+    return [
+        f"On {env}, over the {len(per_agent)} agents, {_and(counts)} (Fisher's exact test on these counts, "
+        f"{_scale(scales[0])} against {_scale(scales[-1])}: p = {p_scales:.2g}). Per agent, over its scales: "
+        + ", ".join(f"{agent} {sum(oks)} of {len(oks)}" for agent, oks in sorted(per_agent.items()))
+        + f"; the most, {best}, against the others: {sum(mine)} of {len(mine)} against {sum(rest)} of {len(rest)} "
+        f"(p = {p_best:.2g})."
+    ]
+
+
+BUCKETS = {"uniform_symlog": "symlog (2023)", "symexp": "symexp (2024)"}
+
+
+@table("critic_transient")
+def critic_transient(files):
+    """`benchmarks/agents/critic_transient.py`: per critic learning rate, buckets and reward scale, the critic's
+    symlog error and relative bias at the last update, and the run's final return."""
+    from benchmarks.agents.plot_curves import final_return
+
+    results = files[0]
+    lines = [
+        "| critic learning rate, buckets | scale | symlog error | relative bias | final return |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, run in results["runs"].items():
+        lr, scheme = name.split()[0].split(":")
+        _, _, error, bias = run["critic"][-1]
+        lines.append(
+            f"| {lr}, {BUCKETS.get(scheme, scheme)} | {_scale(run['reward_scale'])} | {error:.2f} | {bias:.2f} | "
+            f"{final_return(run['episodes'], run['steps']):.0f} |"
+        )
+    run = next(iter(results["runs"].values()))
+    return lines + [
+        "",
+        f"{run['env']}, seed {run['seed']}, after {run['steps']:,} steps (the last update, step "
+        f"{run['critic'][-1][0]:,}); `{results['command']}`.",
+    ]
+
+
+@table("critic_transient_bias")
+def critic_transient_bias(files, at="5600,16000"):
+    """The first phase in numbers: how far below the returns the slowest critic (the largest scale, the 2023
+    buckets, the smallest learning rate) ended, and the relative bias of the symexp critic at each scale at the
+    updates nearest the steps `at` and at the end."""
+    runs = files[0]["runs"]
+    slow = min(
+        (name for name in runs if "uniform_symlog" in name),
+        key=lambda name: (float(name.split(":")[0]), -runs[name]["reward_scale"]),
+    )
+    bias = runs[slow]["critic"][-1][3]
+    lr, _ = slow.split()[0].split(":")
+    text = (
+        f"At {lr} with the 2023 buckets the scale-{_scale(runs[slow]['reward_scale'])} critic's values were "
+        f"1/{1 / (1 + bias):.0f} of the returns at the last update."
+    )
+    symexp = [run for name, run in runs.items() if ":symexp" in name]
+    if len(symexp) > 1:
+        symexp.sort(key=lambda run: run["reward_scale"])
+        points = []
+        for step in [int(s) for s in at.split(",")]:
+            nearest = min(symexp[0]["critic"], key=lambda c: abs(c[0] - step))[0]
+            values = [next(c[3] for c in run["critic"] if c[0] == nearest) for run in symexp]
+            points.append(f"{' / '.join(f'{v:.2f}' for v in values)} after {nearest:,} steps")
+        ends = " / ".join(f"{run['critic'][-1][3]:.2f}" for run in symexp)
+        points.append(f"{ends} at the end")
+        scales = _and([_scale(run["reward_scale"]) for run in symexp])
+        text += f" With symexp buckets the relative bias at scales {scales} was {_and(points)}."
+    return [text]
+
+
+@table("ppo_scales_bias")
+def ppo_scales_bias(files):
+    """Per task, head and backend of a `ppo_scales.py` file: the final return at each scale (mean [min, max] over
+    seeds) and the range of the critics' relative bias at the last update; then the file's command."""
+    from benchmarks.agents.plot_curves import final_return
+
+    groups: Dict[tuple, Dict[float, list]] = {}
+    for run in files[0]["runs"].values():
+        key = (run["env"], run["head"], run["backend"], run["steps"], run["hyperparameters"]["critic_lr"])
+        groups.setdefault(key, {}).setdefault(run["reward_scale"], []).append(run)
+    out = []
+    for (env, head, backend, steps, lr), per_scale in sorted(groups.items()):
+        scales = sorted(per_scale)
+        finals = [
+            f"{_seeds([final_return(r['episodes'], r['steps']) for r in per_scale[s]])} at scale {_scale(s)}"
+            for s in scales
+        ]
+        biases = []
+        for s in scales:
+            values = sorted((r["critic"][-1][3] for r in per_scale[s]), key=abs)
+            biases.append(f"{values[0]:.2f} to {values[-1]:.2f}")
+        out.append(
+            f"With a critic learning rate of {_scale(lr)} and {steps:,} {env} steps "
+            f"({FRAMEWORKS.get(backend, backend)}, {head}, {len(per_scale[scales[0]])} seeds), the final returns "
+            f"were {_and(finals)}, and the critics' relative bias at the last update {_and(biases)}."
+        )
+    return [" ".join(out), "", f"`{files[0]['command']}`"]
+
+
 def _defined_in(module: str, name: str, depth: int = 0) -> str:
     """The full path of what `module.name` is (a function, class, constant or submodule), following
     `from ... import name` re-exports (read from the source, nothing imported)."""
@@ -1084,7 +1642,15 @@ CODEBASE_ROWS = {
     "export for serving (SavedModel, ONNX, LiteRT)": ("no",) * 5,
 }
 # How the comparison names a registered part; a part not listed here shows as its name.
-PART_LABELS = {"two_hot": "two-hot", "hl_gauss": "HL-Gauss", "mse": "MSE", "quantile": "quantile", "mlp": "MLP"}
+PART_LABELS = {
+    "two_hot": "two-hot",
+    "hl_gauss": "HL-Gauss",
+    "mse": "MSE",
+    "quantile": "quantile",
+    "mlp": "MLP",
+    "simba_v2": "SimbaV2",
+    "xqc": "XQC",
+}
 NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
 
@@ -1216,6 +1782,52 @@ def main(argv=None) -> int:
             page.write_text(new)
             print(f"rendered {page.relative_to(ROOT)}")
     return 0
+
+
+@table("two_tasks")
+def two_tasks(files):
+    """Issue 74: one critic for two tasks 1e4 apart with a per-task return normaliser, against per-task critics
+    (`benchmarks/agents/two_tasks.py`): relative RMSE and normaliser scale S per task, the mean over seeds."""
+    data = files[0]
+    seeds = data["seeds"]
+
+    def cell(run, key, task, fmt):
+        values = []
+        for seed in seeds:
+            r = seed["runs"][run]
+            values.append(r[key][r["tasks"].index(task)] if task in r["tasks"] else r[key][0])
+        text = format(float(np.mean(values)), fmt)
+        if len(values) > 1:
+            text += f" ({format(min(values), fmt)} to {format(max(values), fmt)})"
+        return text
+
+    lines = [
+        "| task | reward scale | rel. RMSE, one critic | rel. RMSE, its own critic | S, one critic: per-task "
+        "normaliser | S, its own critic | S, one critic: one shared normaliser |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for task, scale in enumerate(data["settings"]["scales"]):
+        own = f"task_{task}"
+        lines.append(
+            f"| {task} | {scale:g} | {cell('per_task', 'relative_rmse', task, '.3g')} | "
+            f"{cell(own, 'relative_rmse', task, '.3g')} | {cell('per_task', 'scale', task, '.3g')} | "
+            f"{cell(own, 'scale', task, '.3g')} | {cell('shared', 'scale', 0, '.3g')} |"
+        )
+    c = data["settings"]
+    same = all(seed["runs"]["per_task"]["relative_rmse"] == seed["runs"]["shared"]["relative_rmse"] for seed in seeds)
+    versions = ", ".join(f"{name} {v}" for name, v in data["environment"]["versions"].items() if v)
+    lines += [
+        "",
+        f"{c['size']} critics, {c['bins']} bins, {c['steps']} steps of {c['batch']} dreams per task, seed"
+        f"{'s' * (len(seeds) > 1)} {', '.join(str(s['seed']) for s in seeds)}; {data['backend']}, {versions}. "
+        + (
+            "The one critic with one shared normaliser learned exactly the same values (the normaliser does not "
+            "enter the critic's loss)."
+            if same
+            else "The one critic with one shared normaliser learned other values than with the per-task one."
+        ),
+    ]
+    return lines
 
 
 if __name__ == "__main__":

@@ -34,6 +34,23 @@ def test_the_pages_hold_the_tables_they_promise():
         "targets_met",
         "host_training",
         "gpu_train_step",
+        # The sentences that quote a result file (tests/docs/test_hand_numbers.py: no number typed by hand).
+        "targets_spread",
+        "tf_ways",
+        "extras_cost_summary",
+        "compile_payback",
+        "ensemble_summary",
+        "forward_views_summary",
+        "step_impls",
+        "ppo_cost_summary",
+        "peers_range",
+        "sheeprl_same",
+        "sheeprl_variant",
+        "official_shared",
+        "ppo_learned_counts",
+        "critic_transient",
+        "critic_transient_bias",
+        "ppo_scales_bias",
     } <= used
     assert used <= set(render_tables.RENDERERS)
     readme = (render_tables.ROOT / "README.md").read_text()
@@ -97,9 +114,9 @@ def test_the_comparison_lists_every_registered_head_and_trunk():
 
     rows = {line.split(" | ")[0][2:]: line for line in render_tables.comparison([]) if line.startswith("| ")}
     assert rows["value heads"].split(" | ")[1] == "two-hot, HL-Gauss, MSE, quantile"
-    assert rows["trunks"].split(" | ")[1] == "MLP, residual"
+    assert rows["trunks"].split(" | ")[1] == "MLP, residual, SimbaV2, XQC"
     assert rows["loads / exports the others' critics"].split(" | ")[1] == "all five"
-    assert len(HEADS) == 4 and len(TRUNKS) == 2
+    assert len(HEADS) == 4 and len(TRUNKS) == 4
     for page in ("README.md", "docs/index.md"):
         assert "<!-- table: comparison -->" in (render_tables.ROOT / page).read_text()
     # A new head is one registration: both pages' tables are then stale until rendered again.
@@ -199,3 +216,71 @@ def test_the_host_training_sentence_and_table():
     ]
     with pytest.raises(ValueError, match="form: got 'list'"):
         render_tables.host_training([records], form="list")
+
+
+def _copy_results(tmp_path):
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    for path in render_tables.RESULTS.glob("*.json"):
+        (results / path.name).write_text(path.read_text())
+    return results
+
+
+def test_a_changed_result_changes_the_sentence_that_quotes_it(tmp_path, monkeypatch):
+    # TensorFlow's Keras program made slower on CartPole: the verdict under the Cost table turns with the table.
+    results = _copy_results(tmp_path)
+    data = json.loads((results / "results_ppo_cost.json").read_text())
+    for run in data["runs"].values():
+        if run["backend"] == "tensorflow" and run["agent"] == "keras" and run["env"] == "CartPole-v1":
+            run["seconds"] *= 1.5
+    (results / "results_ppo_cost.json").write_text(json.dumps(data))
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "performance.md"
+    page.write_text((render_tables.ROOT / "docs" / "performance.md").read_text())
+    before = render_tables.render("ppo_cost_summary results_ppo_cost.json")
+    assert before.startswith("Every backend's Keras program is within the 1.2x target on both tasks")
+    monkeypatch.setattr(render_tables, "RESULTS", results)
+    assert "docs/performance.md: ppo_cost_summary results_ppo_cost.json" in render_tables.stale(tmp_path)
+    assert render_tables.render("ppo_cost_summary results_ppo_cost.json").startswith(
+        "Above the 1.2x target: TensorFlow on CartPole-v1 (1.77)"
+    )
+
+
+def test_the_ensemble_sentence_reads_the_target_with_three_decimals():
+    def step(impl, batch, ms):
+        return {"backend": "tensorflow", "impl": impl, "size": "XS", "batch": batch, "step_ms": ms}
+
+    records = [
+        step("ensemble", 256, 10.51),
+        step("native", 256, 10.2),
+        step("native_xla", 256, 10.0),
+        step("ensemble", 4096, 100.0),
+        step("native", 4096, 99.0),
+        step("native_xla", 4096, 101.0),
+    ]
+    # 10.51 / 10.0 shows as 1.05 in a table, and is above a 1.05 target.
+    assert render_tables.ensemble_summary([records], target="1.05") == [
+        "Ours / the fastest native ensemble, against the 1.05x target: TensorFlow 1.051 at batch 256 and 1.010 at "
+        "batch 4096 (against the faster of its native plain graph and XLA: XLA at 256 and the plain graph at 4096): "
+        "within it at 4096 only."
+    ]
+
+
+def test_the_compile_payback_is_the_first_call_over_the_time_saved():
+    def step(impl, batch, ms, first):
+        return {"backend": "torch", "impl": impl, "batch": batch, "step_ms": ms, "first_call_s": first}
+
+    records = [step("multicritic", 8, 1.0, 9.0), step("multicritic_eager", 8, 4.0, 0.0)]
+    records += [step("multicritic", 4096, 40.0, 6.0), step("multicritic_eager", 4096, 39.0, 0.1)]
+    assert render_tables.compile_payback([records]) == [
+        "At batch 8 and 4096 the compiled step took 1.00 and 40.00 ms against the eager step's 4.00 and 39.00 ms; "
+        "its first call (tracing and compilation) took 9.0 and 6.0 s, so a compilation paid for itself after about "
+        "3,000 and never steps."
+    ]
+
+
+def test_fisher_exact_is_scipys():
+    stats = pytest.importorskip("scipy.stats")
+    for table in ([[26, 4], [23, 7]], [[18, 0], [56, 16]], [[3, 3], [3, 3]], [[0, 5], [5, 0]]):
+        (a, b), (c, d) = table
+        assert render_tables._fisher_exact(a, b, c, d) == pytest.approx(stats.fisher_exact(table)[1], rel=1e-9)
