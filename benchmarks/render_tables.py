@@ -514,7 +514,7 @@ PEER_LABELS = {
 
 
 def _peer_ours_ms(r, ours):
-    """Our ms in a peers record: `ours="compiled"`, the step `"auto"` runs from a step kind's 1000th call (PyTorch's
+    """Our ms in a peers record: `ours="compiled"`, the compiled step (PyTorch: `jit_compile=True`, a record's
     `multicritic_jit_ms`; JAX always jitted); `"eager"`, PyTorch's eager step (None for JAX)."""
     if ours not in ("compiled", "eager"):
         raise ValueError(f"ours: got {ours!r}, expected 'compiled' or 'eager'")
@@ -527,9 +527,9 @@ def _peer_ours_ms(r, ours):
 def peers(files, ours="compiled"):
     """Each peer's shipped critic update against ours: peer time / ours (> 1: ours is faster) and both times.
 
-    `ours=compiled`: our step as `"auto"` runs it from a step kind's 1000th call (PyTorch: `jit_compile=True`,
-    a record's `multicritic_jit_ms`; JAX: always jitted); `ours=eager`: PyTorch's eager step (its first 1000
-    calls), JAX's rows left out."""
+    `ours=compiled`: our compiled step (PyTorch: `jit_compile=True`, a record's `multicritic_jit_ms`; JAX:
+    always jitted); `ours=eager`: PyTorch's eager step (`jit_compile=False`, what `"auto"` runs on a CPU), JAX's
+    rows left out."""
 
     def ours_ms(r):
         return _peer_ours_ms(r, ours)
@@ -1284,9 +1284,9 @@ def peers_range(files, ours="eager"):
         if mine is not None:
             per.setdefault(r["batch"], []).append(r["peer_ms"] / mine)
     what = (
-        'our eager PyTorch step (what `"auto"` runs for a step kind\'s first 1000 calls)'
+        'our eager PyTorch step (`jit_compile=False`: what the default `"auto"` runs on a CPU)'
         if ours == "eager"
-        else "our step"
+        else "our compiled step"
     )
     spans = _and([f"{min(v):.2f}–{max(v):.2f} at batch {b}" for b, v in sorted(per.items())])
     return [f"Peer time / ours against {what}: {spans}."]
@@ -1615,6 +1615,7 @@ CODEBASES = (
     ("sheeprl", ("sheeprl",)),
     ("TorchRL", ("torchrl",)),
     ("NM512", ("nm512",)),
+    ("r2dreamer", ("r2dreamer",)),
     ("official (2024)", ("dreamerv3",)),
 )
 # Each row: the codebases' cells, in CODEBASES' order; multicritic's cell is `comparison`'s.
@@ -1624,22 +1625,24 @@ CODEBASE_ROWS = {
         "PyTorch",
         "PyTorch",
         "PyTorch",
+        "PyTorch",
         "JAX",
     ),
-    "bin schemes": ("2023", "2023", "2024", "2023", "2024"),
+    "bin schemes": ("2023", "2023", "2024", "2023", "2024", "2024"),
     "slow-critic options: rate, period, regulariser weight and form, targets": (
         "fixed",
         "rate, period",
         "rate, weight",
         "rate, period",
+        "rate, period",
         "rate, period, weight, targets",
     ),
-    "value heads": ("two-hot", "two-hot", "two-hot, MSE", "two-hot", "two-hot"),
-    "trunks": ("MLP",) * 5,
-    "critic ensembles, reward streams": ("no",) * 5,
-    "one checkpoint for every framework": ("–",) * 5,
-    "loads / exports the others' critics": ("–",) * 5,
-    "export for serving (SavedModel, ONNX, LiteRT)": ("no",) * 5,
+    "value heads": ("two-hot", "two-hot", "two-hot, MSE", "two-hot", "two-hot", "two-hot"),
+    "trunks": ("MLP",) * 6,
+    "critic ensembles, reward streams": ("no",) * 6,
+    "one checkpoint for every framework": ("–",) * 6,
+    "loads / exports the others' critics": ("–",) * 6,
+    "export for serving (SavedModel, ONNX, LiteRT)": ("no",) * 6,
 }
 # How the comparison names a registered part; a part not listed here shows as its name.
 PART_LABELS = {
@@ -1828,6 +1831,418 @@ def two_tasks(files):
         ),
     ]
     return lines
+
+
+@table("slowest_call")
+def slowest_call(files):
+    """The default trainer's long runs (`benchmarks/ours/slowest_call.py`): per backend and cache state, the
+    first call, the slowest later call, the median later call and where each compilation happened."""
+    data = files[0]
+    lines = [
+        "| backend | caches | first call (s) | slowest later call (ms) | at call | median (ms) | p99 (ms) | run (s) "
+        "| compilations after a shape's first call |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["records"]:
+        later = sum(1 for e in r["compilations"] if e["call"] > 0)
+        lines.append(
+            f"| {r['backend']} | {r['caches']} | {r['first_call_s']:.2f} | {r['slowest_later_call_s'] * 1e3:.1f} | "
+            f"{r['slowest_later_call']} | {r['median_later_ms']:.2f} | {r['p99_later_ms']:.2f} | {r['total_s']:.1f} "
+            f"| {later} |"
+        )
+    r = data["records"][0]
+    lines += [
+        "",
+        f"{r['calls']} calls of `train_step`, size {r['size']}, batch {r['batch']}, `CriticTrainer` defaults.",
+    ]
+    return lines
+
+
+# ---------------------------------------------------------------- the critic comparison (docs/critic-comparison.md)
+
+
+def _snapshot(items, runs=None):
+    """The first `runs` items of a grid's results (`runs=all` or none: every one). A page quotes a grid still
+    running as of a count of its runs, so that the runs written after it leave the page as it was; the count
+    goes up (or becomes `all`) when the page is rendered again."""
+    items = list(items)
+    return items if runs in (None, "all") else items[: int(runs)]
+
+
+def _support_key(support):
+    return None if support is None else tuple(float(b) for b in support)
+
+
+def _support_label(support) -> str:
+    return "default" if support is None else f"[{support[0]:g}, {support[1]:g}] (wrong)"
+
+
+def _median_range(values, scale=100.0, fmt=".2f", unit="%") -> str:
+    """`median [min, max]` of per-seed values (the value alone for one seed), times `scale`."""
+    if not values:
+        return ""
+    v = [scale * x for x in values]
+    text = f"{format(float(np.median(v)), fmt)}{unit}"
+    return text if len(v) == 1 else f"{text} [{format(min(v), fmt)}, {format(max(v), fmt)}]"
+
+
+def _cmp(part, reference, center=np.median, least=2):
+    """`"better"`, `"worse"` or `"same"`: lower is better; the part's median (`center`) against the reference's
+    seed range (below its lowest seed, above its highest, or inside it); None with fewer than `least` seeds on
+    either side (one seed's range is a point: any difference would count)."""
+    if len(part) < least or len(reference) < least:
+        return None
+    middle = float(center(part))
+    return "better" if middle < min(reference) else "worse" if middle > max(reference) else "same"
+
+
+def _verdict_text(verdicts: dict, fmt) -> str:
+    """`"worse at 1e3 and 1e6 (...), no clear difference at 1"` from `{scale: (verdict, part, reference)}`."""
+    words = {"better": "better", "worse": "worse", "same": "no clear difference"}
+    parts = []
+    for kind in ("better", "worse", "same"):
+        at = [(s, p, r) for s, (v, p, r) in verdicts.items() if v == kind]
+        if not at:
+            continue
+        text = f"{words[kind]} at {_and([f'{s:g}' for s, _, _ in at])}"
+        if kind != "same":
+            text += f" ({_and([f'{fmt(p)} against {fmt(r)}' for _, p, r in at])})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def _bins_label(head: str, bins: str) -> str:
+    """A demo run's bins, or "n/a (no buckets)" for a head without buckets (as `head_label`)."""
+    from multicritic.heads import HEADS
+
+    layer = HEADS[head]()
+    return bins if layer.units == layer.num_buckets else "n/a (no buckets)"
+
+
+def comparison_demo_cells(data, runs=None):
+    """`(rows, trunks, scales, cells)` of `benchmarks/ours/critic_comparison.py demo`'s JSON: the rows `[(head,
+    initial support, bins)]` and the trunks in the plan's order, the reward scales, and `{(head, trunk, support,
+    bins): [runs]}` of the first `runs` runs."""
+    planned = [(h, t, _support_key(s), b) for h, t, s, b, _ in data["planned"]]
+    rows = list(dict.fromkeys((h, s, b) for h, _, s, b in planned))
+    trunks = list(dict.fromkeys(t for _, t, _, _ in planned))
+    cells = {}
+    for run in _snapshot(data["runs"], runs):
+        cells.setdefault((run["head"], run["trunk"], _support_key(run["support"]), run["bins"]), []).append(run)
+    return rows, trunks, list(data["scales"]), cells
+
+
+def _ms_per_step(runs) -> float:
+    """The median over runs of each run's median over its scales of milliseconds per step."""
+    return float(np.median([np.median([1e3 * s["seconds_per_step"] for s in r["scales"]]) for r in runs]))
+
+
+def _demo_footer(data, taken) -> List[str]:
+    c = taken[0]["config"] if taken else {}
+    loads = [r["load_average"] for r in taken]
+    seeds = sorted({p[-1] for p in data["planned"]})
+    line = (
+        f"{len(taken)} of {len(data['planned'])} runs (seeds {', '.join(map(str, seeds))}). "
+        f"{data['backend']}, Keras {data['keras']}, size {c.get('size', '')}, {c.get('steps', '')} steps per scale."
+    )
+    if loads:
+        line += (
+            f" The runs shared a busy machine ({data['cpus']} CPUs; 1-minute load average when a run started: "
+            f"median {np.median(loads):.1f}, up to {max(loads):.1f}): its cost per step is to be measured again on "
+            "a quiet one."
+        )
+    return ["", line]
+
+
+@table("critic_comparison_demo")
+def critic_comparison_demo(files, show="rmse", runs=None):
+    """The demo's MRP per value head x trunk (`benchmarks/ours/critic_comparison.py demo`), of the file's first
+    `runs` runs: `show=rmse`, the final relative RMSE per reward scale; `show=steps`, the first evaluated step
+    at the file's target relative RMSE per scale and the milliseconds per step; median over the seeds [min,
+    max]; a row per planned combination, empty until its first run."""
+    data = files[0]
+    rows, trunks, scales, cells = comparison_demo_cells(data, runs)
+    planned = {(h, t, _support_key(s), b) for h, t, s, b, _ in data["planned"]}
+    taken = _snapshot(data["runs"], runs)
+    target = f"{100 * data['target']:g}%"
+    columns = [f"rel. RMSE @ {s:g}" for s in scales]
+    if show == "steps":
+        columns = [f"steps to {target} @ {s:g}" for s in scales] + ["ms / step"]
+    lines = [
+        "| head | trunk | bins | initial support | seeds | " + " | ".join(columns) + " |",
+        "|---|---|---|---|---:|" + "---:|" * len(columns),
+    ]
+    for head, support, bins in rows:
+        for trunk in trunks:
+            if (head, trunk, support, bins) not in planned:
+                continue
+            done = cells.get((head, trunk, support, bins), [])
+            if show == "steps":
+                values = []
+                for i in range(len(scales)):
+                    at = [r["scales"][i]["steps_to_target"] for r in done]
+                    reached = [a for a in at if a is not None]
+                    if not at:
+                        values.append("")
+                        continue
+                    median = float(np.median([np.inf if a is None else a for a in at]))
+                    text = "not reached" if not np.isfinite(median) else f"{median:.0f}"
+                    if 0 < len(reached) < len(at):
+                        text += f" ({len(reached)}/{len(at)} reached)"
+                    values.append(text)
+                values.append(f"{_ms_per_step(done):.1f}" if done else "")
+            else:
+                values = [_median_range([r["scales"][i]["relative_rmse"] for r in done]) for i in range(len(scales))]
+            lines.append(
+                f"| {head} | {trunk} | {_bins_label(head, bins)} | {_support_label(support)} | {len(done)} | "
+                + " | ".join(values)
+                + " |"
+            )
+    if show == "rmse":
+        note = "Median over the seeds [min, max]."
+    else:
+        note = (
+            f"The demo evaluates every 100 steps; the median counts a run that never reached {target} as last. "
+            "ms / step: the median over a run's scales (the first scale's time includes compiling the step), then "
+            "over the runs."
+        )
+    return lines + ["", note] + _demo_footer(data, taken)
+
+
+@table("critic_comparison_demo_verdicts")
+def critic_comparison_demo_verdicts(files, runs=None):
+    """Sentences on where a head, a trunk or the adaptive head's wrong start does not help on the demo's MRP,
+    against the reference (two_hot on the MLP, symexp bins, the default support) and against two_hot on the
+    same bins, from the file's first `runs` runs."""
+    data = files[0]
+    rows, trunks, scales, cells = comparison_demo_cells(data, runs)
+    taken = _snapshot(data["runs"], runs)
+    if not taken:
+        return ["No run has finished yet."] + _demo_footer(data, taken)
+
+    def errors(combo, i):
+        return [r["scales"][i]["relative_rmse"] for r in cells.get(combo, [])]
+
+    def versus(part, reference):
+        verdicts = {}
+        for i, s in enumerate(scales):
+            p, r = errors(part, i), errors(reference, i)
+            v = _cmp(p, r)
+            if v is not None:
+                verdicts[s] = (v, float(np.median(p)), float(np.median(r)))
+        return verdicts
+
+    def helps(*verdicts):
+        return any(v == "better" for each in verdicts for v, _, _ in each.values())
+
+    pct = lambda x: f"{100 * x:.2f}%"  # noqa: E731
+    reference = ("two_hot", "mlp", None, "symexp")
+    lines, idle = [], []  # idle: the parts better than what they are compared with at no scale
+    control = ("two_hot", "mlp", None, "uniform_symlog")
+    same_bins = versus(control, reference)
+    if same_bins:
+        lines.append(
+            f"- **two_hot on uniform symlog bins** against symexp bins (MLP trunk): {_verdict_text(same_bins, pct)}."
+        )
+    for head, support, bins in rows:
+        if head == "two_hot" or support is not None:
+            continue
+        verdicts = versus((head, "mlp", None, bins), reference)
+        if not verdicts:
+            continue
+        what = f"{bins} bins" if _bins_label(head, bins) == bins else "no buckets"
+        text = f"- The **{head}** head (MLP trunk, {what}) against the reference: {_verdict_text(verdicts, pct)}"
+        against_control = versus((head, "mlp", None, bins), ("two_hot", "mlp", None, bins)) if bins != "symexp" else {}
+        if against_control:
+            text += f"; against two_hot on the same bins: {_verdict_text(against_control, pct)}"
+        lines.append(text + ("." if helps(verdicts, against_control) else "; it does not help on this task."))
+        idle += [] if helps(verdicts, against_control) else [f"the {head} head"]
+    for trunk in trunks:
+        if trunk == "mlp":
+            continue
+        verdicts = versus(("two_hot", trunk, None, "symexp"), reference)
+        if not verdicts:
+            continue
+        counts = {"better": 0, "worse": 0, "same": 0}
+        for head, support, bins in rows:
+            for i in range(len(scales)):
+                v = _cmp(errors((head, trunk, support, bins), i), errors((head, "mlp", support, bins), i))
+                if v is not None:
+                    counts[v] += 1
+        if not helps(verdicts):
+            idle.append(f"the {trunk} trunk")
+        lines.append(
+            f"- The **{trunk}** trunk (two_hot head) against the MLP: {_verdict_text(verdicts, pct)}"
+            + ("" if helps(verdicts) else "; it does not help on this task")
+            + f". Over every head, bins and start, against the MLP with the same: better in {counts['better']}, "
+            f"worse in {counts['worse']}, no clear difference in {counts['same']} of {sum(counts.values())} "
+            "combinations x scales."
+        )
+    for head, support, bins in rows:
+        if support is None:
+            continue
+        for trunk in trunks:
+            verdicts = versus((head, trunk, support, bins), (head, trunk, None, bins))
+            if not verdicts:
+                continue
+            ends = [r["scales"][-1]["final_support"] for r in cells[(head, trunk, support, bins)]]
+            low, high = np.median(np.array(ends, dtype=float), axis=0)
+            lines.append(
+                f"- The **{head}** head on {trunk} started from {_support_label(support)} against the default "
+                f"start: {_verdict_text(verdicts, pct)}; at scale {scales[-1]:g} its support ended at "
+                f"[{low:.1f}, {high:.1f}] (median over seeds)."
+            )
+    return [
+        "Reference: two_hot on the MLP, symexp bins, the default support. Better (worse): the median final "
+        "relative RMSE over the seeds lies below (above) every seed of what it is compared with; otherwise no "
+        "clear difference; compared where both have two seeds or more.",
+        "",
+        *lines,
+        "",
+        f"In short, on this task these do not help (better at no reward scale than what each is compared with): "
+        f"{_and(idle)}."
+        if idle
+        else "In short: every part compared is better somewhere on this task."
+        if lines
+        else "No part has runs to compare with the reference's yet.",
+    ] + _demo_footer(data, taken)
+
+
+def _ppo_head(head: str):
+    """`(head name, initial support or None)` of a head given on the agents' command line."""
+    import ast
+
+    name, _, options = head.partition(":")
+    config = dict(item.split("=", 1) for item in options.split(",")) if options else {}
+    if "lower_bound" in config or "upper_bound" in config:
+        support = (float(ast.literal_eval(config.get("lower_bound", "-20"))),
+                   float(ast.literal_eval(config.get("upper_bound", "20"))))  # fmt: skip
+        return name, support
+    return name, None
+
+
+def comparison_ppo_cells(data, runs=None):
+    """`(combos, envs, scales, cells)` of `critic_comparison.py ppo`'s JSON: the combinations `[(head, trunk)]`,
+    tasks and reward scales in the plan's order, and `{(head, trunk, env, scale): [records]}` of the first
+    `runs` runs."""
+    combos, envs, scales = {}, {}, {}
+    for name in data["plan"]["runs"]:
+        _, env, head, scale, _, *trunk = name.split("/")
+        combos[(head, trunk[0] if trunk else "mlp")] = envs[env] = scales[float(scale)] = None
+    cells = {}
+    for _, record in _snapshot(data["runs"].items(), runs):
+        trunk = record.get("critic_options", {}).get("trunk", "mlp")
+        cells.setdefault((record["head"], trunk, record["env"], record["reward_scale"]), []).append(record)
+    return list(combos), list(envs), list(scales), cells
+
+
+def _ppo_footer(data, runs, taken) -> List[str]:
+    line = f"{len(taken)} of {len(data['plan']['runs'])} runs."
+    if taken:
+        line += (
+            f" The Keras agent (`examples/ppo/keras_agent.py`) on {_and(sorted({r['backend'] for r in taken}))}, "
+            f"{_and([str(s) for s in sorted({r['steps'] for r in taken})])} environment steps. Final return: the mean "
+            "return of the episodes ending in the last 10% of a run's steps, in the task's own units; mean over the "
+            "seeds [min, max]. ms / step: a run's seconds over its environment steps (acting, environment, "
+            f"updates), the median over the runs; the runs shared a busy machine ({data['plan']['cpus']} CPUs), so "
+            "the cost is to be measured again on a quiet one."
+        )
+    return ["", line]
+
+
+@table("critic_comparison_ppo")
+def critic_comparison_ppo(files, runs=None):
+    """PPO's final return per head x trunk combination, task and reward scale (`benchmarks/ours/
+    critic_comparison.py ppo`), of the file's first `runs` runs, with the milliseconds per environment step."""
+    from benchmarks.agents.plot_curves import final_return
+
+    data = files[0]
+    combos, envs, scales, cells = comparison_ppo_cells(data, runs)
+    taken = [record for _, record in _snapshot(data["runs"].items(), runs)]
+    columns = [f"{env} x{s:g}" for env in envs for s in scales]
+    lines = [
+        "| head | trunk | initial support | runs | " + " | ".join(columns) + " | ms / step |",
+        "|---|---|---|---:|" + "---:|" * (len(columns) + 1),
+    ]
+    for head, trunk in combos:
+        name, support = _ppo_head(head)
+        values, done = [], []
+        for env in envs:
+            for s in scales:
+                records = cells.get((head, trunk, env, s), [])
+                done += records
+                values.append(_seeds([final_return(r["episodes"], r["steps"]) for r in records]) if records else "")
+        cost = f"{np.median([1e3 * r['seconds'] / r['steps'] for r in done]):.2f}" if done else ""
+        lines.append(
+            f"| {name} | {trunk} | {_support_label(support)} | {len(done)} | " + " | ".join(values) + f" | {cost} |"
+        )
+    return lines + _ppo_footer(data, runs, taken)
+
+
+@table("critic_comparison_ppo_verdicts")
+def critic_comparison_ppo_verdicts(files, runs=None):
+    """Sentences on where a combination does not help PPO, against two_hot on the MLP, per task and reward scale,
+    from the file's first `runs` runs."""
+    from benchmarks.agents.plot_curves import final_return
+
+    data = files[0]
+    combos, envs, scales, cells = comparison_ppo_cells(data, runs)
+    taken = [record for _, record in _snapshot(data["runs"].items(), runs)]
+    if not taken:
+        return ["No run has finished yet."] + _ppo_footer(data, runs, taken)
+
+    def returns(head, trunk, env, s):
+        return [final_return(r["episodes"], r["steps"]) for r in cells.get((head, trunk, env, s), [])]
+
+    lines, idle = [], []  # idle: the combinations better than the reference nowhere
+    for head, trunk in combos:
+        if (head, trunk) == ("two_hot", "mlp"):
+            continue
+        name, support = _ppo_head(head)
+        label = f"**{name}** on {trunk}" + ("" if support is None else f" started from {_support_label(support)}")
+        per_env = []
+        helps = False
+        for env in envs:
+            verdicts = {}
+            for s in scales:
+                # Higher is better: compare the negated returns.
+                p, r = returns(head, trunk, env, s), returns("two_hot", "mlp", env, s)
+                v = _cmp([-x for x in p], [-x for x in r], center=np.mean)
+                if v is not None:
+                    verdicts[s] = (v, float(np.mean(p)), float(np.mean(r)))
+            if verdicts:
+                helps |= any(v == "better" for v, _, _ in verdicts.values())
+                per_env.append(f"on {env}, {_verdict_text(verdicts, lambda x: f'{x:.0f}')}")
+        if per_env:
+            lines.append(f"- {label}: {'; '.join(per_env)}" + ("." if helps else "; it does not help on these tasks."))
+            idle += [] if helps else [label]
+    return [
+        "Reference: two_hot on the MLP. Better (worse): the mean final return over the seeds lies above (below) "
+        "every seed of the reference; otherwise no clear difference (at CartPole's ceiling, ties); compared where "
+        "both have two seeds or more.",
+        "",
+        *lines,
+        "",
+        f"In short, on these tasks these do not help (better than the reference at no task and reward scale): "
+        f"{_and(idle)}."
+        if idle
+        else "In short: every combination compared is better than the reference somewhere."
+        if lines
+        else "No combination has runs to compare with the reference's yet.",
+    ] + _ppo_footer(data, runs, taken)
+
+
+@table("critic_comparison_commands")
+def critic_comparison_commands(files):
+    """The commands that wrote the comparison's files, as a shell block: the demo driver's, the PPO driver's and
+    each `ppo_scales.py` invocation it made."""
+    lines = ["```bash"]
+    for data in files:
+        if "plan" in data:
+            lines += [data["plan"]["command"], "# which runs, one after the other:", *data["plan"]["invocations"]]
+        else:
+            lines.append(f"KERAS_BACKEND={data['backend']} {data['command']}")
+    return lines + ["```"]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Protocol, Sequence, runtime_checkable
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 
 @runtime_checkable
@@ -14,12 +14,17 @@ class CriticLike(Protocol):
     its `CriticNetwork`. The fast and EMA variables pair up in order, and
     `update_ema` moves every EMA copy (`decay` or `tau`; with `step`, every
     `period`-th step, copying on the first: `multicritic.math.ema.update`).
+    `input_row_shapes()` names its inputs in call order with one row's shape
+    each (`{"h": ..., "z": ...}`, or a features critic's `{"x": ...}`): what
+    the trainer's entries take.
     """
 
     stream_names: Optional[List[str]]
     built: bool
 
     def stream_critics(self) -> Dict[Optional[str], object]: ...
+
+    def input_row_shapes(self) -> Dict[str, Tuple[Optional[int], ...]]: ...
 
     @property
     def trainable_variables(self) -> Sequence: ...

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from multicritic.backend import foreign
 from multicritic.registry import KERAS_KEYS
 
 
@@ -141,9 +142,13 @@ def dtype_name(dtype) -> str:
     return name
 
 
-def as_float32(x):
-    """`x` as a float32 backend tensor; a float32 tensor is returned as it is (see `cast_to`)."""
-    return cast_to(x if ops.is_tensor(x) else ops.convert_to_tensor(x), "float32")
+def as_float32(x, name: str = "x"):
+    """`x` (the argument `name`) as a float32 backend tensor; a float32 tensor is returned as it is (see
+    `cast_to`), another framework's array imported first (`multicritic.backend.foreign`)."""
+    if not ops.is_tensor(x):
+        x = foreign.adopt(name, x) if foreign.is_foreign(x) else x
+        x = x if ops.is_tensor(x) else ops.convert_to_tensor(x)
+    return cast_to(x, "float32")
 
 
 def cast_to(x, dtype: str):
@@ -220,7 +225,9 @@ def integer(name: str, value, *, low: int = 1, high: Optional[int] = None) -> in
 
 def real_values(name: str, x):
     """`x` as a numpy array (host data: numbers, lists, arrays) or the backend tensor it is, after
-    checking that it holds real numbers (floats, integers or booleans); a `ValueError` naming `name` else."""
+    checking that it holds real numbers (floats, integers or booleans); a `ValueError` naming `name` else.
+    Another framework's array (`__dlpack__`) is the backend's tensor or numpy array `multicritic.backend.foreign`
+    makes of it."""
     if x is None or isinstance(x, (str, bytes)):
         raise ValueError(f"{name}: got {x!r}, expected a real-valued array.")
     if ops.is_tensor(x) or isinstance(x, keras.KerasTensor):
@@ -228,8 +235,13 @@ def real_values(name: str, x):
         if not kind.startswith(("float", "bfloat", "int", "uint", "bool")):
             raise ValueError(f"{name}: got a tensor of dtype {kind}, expected real numbers.")
         return x
+    if foreign.is_foreign(x):
+        return real_values(name, foreign.adopt(name, x))
     if not isinstance(x, (np.ndarray, list, tuple, float, int, np.generic)):
-        raise ValueError(f"{name}: got a {type(x).__name__}, expected an array or a backend tensor.")
+        raise ValueError(
+            f"{name}: got a {type(x).__name__}, expected an array, a backend tensor or another framework's array "
+            "(an object with __dlpack__)."
+        )
     try:
         array = np.asarray(x)
     except ValueError as err:  # ragged nested lists
@@ -241,7 +253,8 @@ def real_values(name: str, x):
 
 def real_tensor(name: str, x, dtype: str):
     """`x` as a backend tensor of real numbers: floating tensors and float16/32 host arrays keep their dtype,
-    integers, booleans and float64 host data become `dtype`."""
+    integers, booleans and float64 host data become `dtype`; another framework's array is taken as its numpy
+    twin is, the same values (`multicritic.backend.foreign`: by DLPack where it can)."""
     x = real_values(name, x)
     if isinstance(x, np.ndarray):
         # A byte-swapped array (`">f4"`) is its values in the machine's order: frameworks read raw bytes.
@@ -262,9 +275,13 @@ def h_z_pair(h, z):
 
 
 def _dim(d):
-    """A static size as an int; None for an unknown or symbolic one (jax2tf's polymorphic batch)."""
+    """A static size as an int; None for an unknown or symbolic one (jax2tf's polymorphic batch, a
+    `torch.SymInt` under `torch.export`: reading one as an int would fix the exported batch size; known by its
+    type's name, as this module imports no framework). A traced size (TorchScript's 0-d tensor) reads as an int."""
+    if d is None or type(d).__name__ == "SymInt":
+        return None
     try:
-        return None if d is None else int(d)
+        return int(d)
     except Exception:
         return None
 

@@ -76,11 +76,47 @@ def random_inputs(critic, batch, seed=0):
     return h, z
 
 
+# The two kinds of critic, as options added to a test's own: DreamerV3's `(h, z)`, and one flat feature vector.
+CRITIC_KINDS = {"h_z": {}, "features": {"input_size": 10}}
+
+
+def inputs_of(critic, batch, seed=0):
+    """Random inputs for `critic(*inputs)`, `batch` an int or a tuple of leading dims: `(h, z)`, or a features
+    critic's `(x,)` (`input_layout="features"`)."""
+    rng = np.random.default_rng(seed)
+    lead = (batch,) if isinstance(batch, int) else tuple(batch)
+    if critic.input_layout == "features":
+        return (rng.normal(size=lead + (critic.input_size,)).astype("float32"),)
+    h = rng.normal(size=lead + (critic.gru_units,)).astype("float32")
+    z = rng.random(size=lead + (critic.num_z_categoricals, critic.num_z_classes)).astype("float32")
+    return h, z
+
+
+def copy_features_into_h_z(features, h_z, rng=None):
+    """A features critic's weights (`input_size=D`) into the `(h, z)` critic `h_z` of `gru_units=D` and a
+    one-class `z`: the same network but for the first kernel's row for `z` (placed after `h`'s rows, before
+    anything a trunk appends to its input, as SimbaV2's shift; random values from `rng`, else 0) and an input
+    norm's column for it (0, so that the normalised `z = 0` stays 0). With `z = 0` both compute the same."""
+    for mine, theirs in zip(features.weights, h_z.weights):
+        value = np.asarray(keras.ops.convert_to_numpy(mine.value))
+        if value.shape != tuple(theirs.shape):
+            axis = next(i for i, (a, b) in enumerate(zip(value.shape, theirs.shape)) if a != b)
+            head, tail = np.split(value, [features.input_size], axis=axis)
+            shape = head.shape[:axis] + (1,) + head.shape[axis + 1 :]
+            random = rng is not None and mine.path.endswith("kernel")
+            row = rng.normal(size=shape) if random else np.zeros(shape)
+            value = np.concatenate([head, row.astype(value.dtype), tail], axis=axis)
+        theirs.assign(value)
+
+
 def randomize(critic, seed=0, scale=0.3):
     """Gives every fast weight (the zero head included) random values and re-syncs the EMA copy."""
     rng = np.random.default_rng(seed)
     for v in critic.fast_weights:
-        v.assign(rng.normal(scale=scale, size=tuple(v.shape)).astype("float32"))
+        value = rng.normal(scale=scale, size=tuple(v.shape)).astype("float32")
+        if v.path.endswith("/moving_variance"):  # a batch norm's (XQC's trunk): positive, as a variance is
+            value = np.abs(value) + 1.0
+        v.assign(value)
     critic.init_ema()
 
 

@@ -50,6 +50,8 @@ def _part_kinds():
 
 
 KINDS.update(_part_kinds())
+# A critic of one feature vector (no `(h, z)`): its files and trainer across backends as the others'.
+KINDS["features"] = dict(model_size="micro", input_size=40, ema_decay=0.9, num_buckets=101, name="golden_features")
 
 # The trainer's options of the goldens (before heads and ensembles, they were
 # saved in the critic's config; restoring maps them to the trainer's).
@@ -62,9 +64,13 @@ TRAINER_OPTIONS = dict(
 
 
 def golden_batch(critic, step, n=24):
+    """`(h, z, targets, weights)`, a features critic's `(x, targets, weights)`."""
     rng = np.random.default_rng(100 + step)
-    h = rng.normal(size=(n, critic.gru_units)).astype(np.float32)
-    z = rng.random(size=(n, critic.num_z_categoricals, critic.num_z_classes)).astype(np.float32)
+    if critic.input_layout == "features":
+        inputs = (rng.normal(size=(n, critic.input_size)).astype(np.float32),)
+    else:
+        h = rng.normal(size=(n, critic.gru_units)).astype(np.float32)
+        inputs = (h, rng.random(size=(n, critic.num_z_categoricals, critic.num_z_classes)).astype(np.float32))
     targets = (50 * rng.normal(size=n)).astype(np.float32)
     weights = rng.uniform(0.5, 1.0, size=n).astype(np.float32)
-    return h, z, targets, weights
+    return (*inputs, targets, weights)

@@ -74,9 +74,9 @@ def _np(x):
     return np.array(keras.ops.convert_to_numpy(x))
 
 
-def _outputs(critic, h, z):
-    """[fast value, fast logits, EMA value, EMA logits]."""
-    return [_np(x) for use_ema in (False, True) for x in critic(h, z, use_ema=use_ema)]
+def _outputs(critic, *inputs):
+    """[fast value, fast logits, EMA value, EMA logits] on the critic's inputs (`h, z`, or `x`)."""
+    return [_np(x) for use_ema in (False, True) for x in critic(*inputs, use_ema=use_ema)]
 
 
 def _output_gaps(got, want):
@@ -87,6 +87,8 @@ def _output_gaps(got, want):
 
 def _inputs(critic):
     rng = np.random.default_rng(5)
+    if critic.input_layout == "features":
+        return (rng.normal(size=(9, critic.input_size)).astype(np.float32),)
     h = rng.normal(size=(9, critic.gru_units)).astype(np.float32)
     z = rng.random((9, critic.num_z_categoricals, critic.num_z_classes)).astype(np.float32)
     return h, z
@@ -135,7 +137,9 @@ def _save_kind(out_dir, options, backend):
     critic = CriticNetwork(**options)
     rng = np.random.default_rng(SEEDS[backend])
     for v in critic.weights:  # fast and EMA weights distinct, and distinct per backend
-        v.assign(rng.normal(scale=0.2, size=tuple(v.shape)).astype(np.float32))
+        value = rng.normal(scale=0.2, size=tuple(v.shape)).astype(np.float32)
+        # A batch norm's variance (XQC's trunk) positive, as a variance is: near 0 it amplifies each rounding.
+        v.assign(np.abs(value) + 1.0 if v.path.endswith("/moving_variance") else value)
     critic.save_weights(os.path.join(out_dir, "critic.weights.h5"))
     critic.save(os.path.join(out_dir, "critic.keras"))
     seen = {"backend": np.array(backend), "config": np.array(json.dumps(critic.get_config()))}

@@ -13,12 +13,20 @@ reward scale (returns in the environment's own units), each backend a line style
         docs/images/agents_official_dreamer.png
     python benchmarks/agents/plot_curves.py ppo benchmarks/results/results_ppo_scales.json \\
         docs/images/agents_ppo_scales.png
+
+`comparison`: `benchmarks/ours/critic_comparison.py ppo`'s JSON, one panel per task (rows) and reward scale
+(columns), one curve per head x trunk combination (mean over seeds), the planned combinations in the legend.
+
+    python benchmarks/agents/plot_curves.py comparison benchmarks/results/results_critic_comparison_ppo.json \\
+        docs/images/critic_comparison_ppo.png
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -220,9 +228,67 @@ def plot_ppo(results, path, bins=20):
     fig.savefig(path, dpi=110)
 
 
+def plot_comparison(results, path, bins=20, runs=None):
+    """The critic comparison's PPO curves: a panel per task (rows) and reward scale (columns), a colour and line
+    style per head x trunk combination (the mean over its seeds), in the plan's order; of the file's first `runs`
+    runs (all by default), as the page's tables quote them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+    from benchmarks.render_tables import _ppo_head, _support_label, comparison_ppo_cells
+
+    combos, envs, scales, cells = comparison_ppo_cells(results, runs)
+    legend = 0.25 * ((len(combos) + 2) // 3) + 0.3  # inches under the panels for the legend
+    height = 2.6 * len(envs) + legend
+    fig, axes = plt.subplots(len(envs), len(scales), figsize=(3.9 * len(scales), height), squeeze=False)
+    styles = [(f"C{k % 10}", LINE_STYLES[k % 4]) for k in range(len(combos))]
+    for (i, env), (j, scale) in ((a, b) for a in enumerate(envs) for b in enumerate(scales)):
+        ax = axes[i][j]
+        for (head, trunk), (color, style) in zip(combos, styles):
+            runs = cells.get((head, trunk, env, scale), [])
+            if not runs:
+                continue
+            curves = [binned(r["episodes"], r["steps"], bins) for r in runs]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean = np.nanmean([c for _, c in curves], 0)
+            ax.plot(curves[0][0], mean, color=color, linestyle=style, linewidth=1.3)
+        if not any(cells.get((head, trunk, env, scale)) for head, trunk in combos):
+            ax.text(0.5, 0.5, "no run yet", transform=ax.transAxes, ha="center", va="center", color="0.5")
+            ax.set_xticks([])
+            ax.set_yticks([])
+        ax.set_title(f"{env}, reward x{scale:g}", fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda steps, _: f"{steps / 1000:g}k"))
+        if i == len(envs) - 1:
+            ax.set_xlabel("environment steps", fontsize=8)
+        if j == 0:
+            ax.set_ylabel("return", fontsize=8)
+
+    def label(head, trunk):
+        name, support = _ppo_head(head)
+        return f"{name}, {trunk}" + ("" if support is None else f", start {_support_label(support)}")
+
+    handles = [
+        Line2D([], [], color=color, linestyle=style, label=label(*combo))
+        for combo, (color, style) in zip(combos, styles)
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    done = sum(len(records) for records in cells.values())
+    fig.suptitle(f"PPO, value head x trunk ({done} of {len(results['plan']['runs'])} runs)", fontsize=10)
+    fig.tight_layout(rect=(0, legend / height, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    plots = {"sheeprl": plot_sheeprl, "official": plot_official, "ppo": plot_ppo}
+    plots = {"sheeprl": plot_sheeprl, "official": plot_official, "ppo": plot_ppo, "comparison": plot_comparison}
     parser.add_argument("kind", choices=tuple(plots))
     parser.add_argument("results")
     parser.add_argument("png")

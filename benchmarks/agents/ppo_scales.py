@@ -6,7 +6,10 @@ already there are skipped, so a grid can be split over sessions). A backend of t
 running `examples/ppo/keras_agent.py` (one Keras program), `torch-loop` (`examples/ppo/torch_agent.py`, a
 PyTorch user's own loop), `jax-jit` (`examples/ppo/jax_agent.py`, a JAX user's) or `tf-loop`
 (`examples/ppo/tf_agent.py`, a TensorFlow user's). One set of
-hyperparameters for every run (`keras_agent.HYPERPARAMETERS`), no reward normalisation.
+hyperparameters for every run (`keras_agent.HYPERPARAMETERS`), no reward normalisation. `--trunks` is the
+critic's trunk (the agents' `--trunk`; `mlp` by default): a run of another trunk is keyed
+`backend/env/head/scale/seed/trunk`, an MLP's as before, `backend/env/head/scale/seed`. The other top-level
+fields of an existing `--json` are kept (`benchmarks/ours/critic_comparison.py` writes its plan there).
 
     python benchmarks/agents/ppo_scales.py --backends jax torch tensorflow torch-loop jax-jit \
         --envs CartPole-v1 Acrobot-v1 --heads two_hot hl_gauss --scales 1 1000 1000000 --seeds 1 2 3 \
@@ -44,12 +47,14 @@ def agent(backend):
     return keras_backend, os.path.join(ROOT, "examples", "ppo", script)
 
 
-def key(backend, env, head, scale, seed):
-    return f"{backend}/{env}/{head}/{scale:g}/{seed}"
+def key(backend, env, head, scale, seed, trunk="mlp"):
+    """A run's name in the JSON: the trunk is added only where it is not the MLP (older files' keys name none)."""
+    return f"{backend}/{env}/{head}/{scale:g}/{seed}" + ("" if trunk == "mlp" else f"/{trunk}")
 
 
-def run_one(backend, env, head, scale, seed, steps, log):
-    """One run in its own process; returns its record (the agent's JSON)."""
+def run_one(backend, env, head, scale, seed, steps, log, trunk="mlp"):
+    """One run in its own process; returns its record (the agent's JSON; a trunk other than the MLP in its
+    `critic_options`)."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "run.json")
         keras_backend, script = agent(backend)
@@ -69,6 +74,8 @@ def run_one(backend, env, head, scale, seed, steps, log):
             "--json",
             out,
         ]
+        if trunk != "mlp":  # the MLP's command as it always was
+            command += ["--trunk", trunk]
         env_vars = {
             **os.environ,
             "KERAS_BACKEND": keras_backend,
@@ -89,7 +96,7 @@ def run_one(backend, env, head, scale, seed, steps, log):
                 if "return" in line:
                     log(line.strip())
         if process.returncode:
-            raise RuntimeError(f"{key(backend, env, head, scale, seed)} failed:\n{''.join(tail)}")
+            raise RuntimeError(f"{key(backend, env, head, scale, seed, trunk)} failed:\n{''.join(tail)}")
         with open(out) as f:
             return json.load(f)
 
@@ -99,26 +106,29 @@ def main(argv=None):
     parser.add_argument("--backends", nargs="+", default=["jax", "torch", "tensorflow"])
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Acrobot-v1"])
     parser.add_argument("--heads", nargs="+", default=["two_hot", "hl_gauss"])
+    parser.add_argument("--trunks", nargs="+", default=["mlp"], help="the critic's trunks (default: mlp)")
     parser.add_argument("--scales", nargs="+", type=float, default=[1.0, 1e3, 1e6])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", metavar="PATH", required=True)
     args = parser.parse_args(argv)
-    results = {"command": " ".join(["python benchmarks/agents/ppo_scales.py", *sys.argv[1:]]), "runs": {}}
+    command = " ".join(["python benchmarks/agents/ppo_scales.py", *(sys.argv[1:] if argv is None else argv)])
+    results = {"command": command, "runs": {}}
     if os.path.exists(args.json):
         with open(args.json) as f:
-            results["runs"] = json.load(f)["runs"]
+            results = {**json.load(f), "command": command}
     lock = threading.Lock()
 
     def log(message):
         print(time.strftime("%H:%M:%S"), message, flush=True)
 
     def one(grid):
-        name = key(*grid)
+        *run, trunk = grid
+        name = key(*run, trunk)
         if name in results["runs"] and results["runs"][name]["steps"] >= args.steps:
             return
-        record = run_one(*grid, args.steps, log)
+        record = run_one(*run, args.steps, log, trunk)
         with lock:
             results["runs"][name] = record
             with open(args.json + ".tmp", "w") as f:
@@ -126,7 +136,7 @@ def main(argv=None):
             os.replace(args.json + ".tmp", args.json)
         log(f"{name} done in {record['seconds']:.0f} s")
 
-    grid = list(itertools.product(args.backends, args.envs, args.heads, args.scales, args.seeds))
+    grid = list(itertools.product(args.backends, args.envs, args.heads, args.scales, args.seeds, args.trunks))
     with ThreadPoolExecutor(args.workers) as pool:
         for future in [pool.submit(one, g) for g in grid]:
             future.result()

@@ -40,6 +40,7 @@ def run_backend(backend, size, batches, repeats, block_seconds):
 
     from multicritic import CriticNetwork
     from multicritic.files.export import SUPPORTED, load_exported
+    from multicritic.files.runtimes import SUFFIXES
     from multicritic.training import predict_function
 
     critic = CriticNetwork(model_size=size)
@@ -54,7 +55,7 @@ def run_backend(backend, size, batches, repeats, block_seconds):
     impls = {"keras": keras_forward}
     folder = tempfile.mkdtemp()
     for fmt in SUPPORTED[backend]:
-        path = os.path.join(folder, "critic" + {"onnx": ".onnx", "litert": ".tflite"}.get(fmt, ""))
+        path = os.path.join(folder, "critic" + {"onnx": ".onnx", "litert": ".tflite", **SUFFIXES}.get(fmt, ""))
         critic.export(path, format=fmt, verbose=False)
         impls[fmt] = load_exported(path, fmt)
     records = []

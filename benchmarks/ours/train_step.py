@@ -172,9 +172,9 @@ def cases(sizes, batches, sweep):
     return [(s, b) for s in sizes for b in batches]
 
 
-# The implementations timed per backend: multicritic's step as a long run gets it by default (the step
-# `jit_compile="auto"` settles on: PyTorch's compiled whole, TensorFlow's XLA; JAX: jitted) and its other mode
-# (the first calls' eager / plain-graph step), next to the native step eager and compiled as a good engineer
+# The implementations timed per backend: multicritic's compiled step (`jit_compile=True`: PyTorch's compiled
+# whole, TensorFlow's XLA; JAX: jitted; what "auto" switches to on an accelerator) and its other mode (the eager /
+# plain-graph step "auto" keeps on a CPU), next to the native step eager and compiled as a good engineer
 # of that framework would write it.
 IMPLS = {
     "torch": (

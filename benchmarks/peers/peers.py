@@ -10,8 +10,8 @@ peer, ...; the same number of steps per block, about `--block-seconds` for the s
 hits both; the table gives medians over `--repeats` blocks and ratio = peer time / multicritic time
 (> 1: multicritic is faster). PyTorch on CPU only (the environment of tests/interop: torch 2.13.0,
 ray[rllib] 2.60.0, sheeprl 0.8.4, torchrl 0.14.1, KERAS_BACKEND=torch); multicritic is also timed with
-`jit_compile=True` (torch.compile of the whole step, which `"auto"` switches to from a step kind's 1000th
-call; about 15 s to compile once per row; `--no-jit` leaves it out).
+`jit_compile=True` (torch.compile of the whole step, which `"auto"` switches to on an accelerator after a step
+kind's first 1000 calls; about 15 s to compile once per row; `--no-jit` leaves it out).
 
     KERAS_BACKEND=torch python benchmarks/peers/peers.py --size XS --batch 256 4096 15360 --json peers.json
 
@@ -71,8 +71,8 @@ versions; nothing outside the critic update, e.g. imagination or lambda-returns,
 
 multicritic's step on every row: ``CriticTrainer.train_step(h, z, targets, weights)``
 (multicritic/training/trainer.py: fast + EMA forward, loss with the EMA regulariser, backward, clip,
-optimizer, EMA update), PyTorch eager (`jit_compile=False`: `"auto"`'s first 1000 calls) and compiled
-(`jit_compile=True`: the step `"auto"` runs from then on; `--no-jit` leaves it out).
+optimizer, EMA update), PyTorch eager (`jit_compile=False`: what `"auto"` runs on a CPU) and compiled
+(`jit_compile=True`: what `"auto"` switches to on an accelerator; `--no-jit` leaves it out).
 
 The official DreamerV3 (JAX) runs in its own environment: see benchmarks/peers/peers_official.py. It pairs its
 times with multicritic's JAX step itself, through this script's ``--serve dreamerv3`` mode (a child

@@ -8,8 +8,8 @@ replaced by a `CriticNetwork` trained by `CriticTrainer` on the GAE returns
 "Reward Scale Robustness for Proximal Policy Optimization via DreamerV3
 Tricks" (NeurIPS 2023). Rewards are multiplied by `--reward-scale` and never
 normalised: a symlog two-hot critic should learn the same at 1, 1e3 and 1e6.
-The state is the critic's `h` (`gru_units` = the observation's size) and a
-constant one-hot `z` of one class.
+The critic takes the observation itself: a features critic
+(`CriticNetwork(input_size=...)`), called with one input `x`.
 
 The actor is a Keras model trained with `train_on_batch` (its PPO loss in
 `keras.ops`), the critic a multicritic trainer step: the same program runs
@@ -25,7 +25,8 @@ one from Python.
         --reward-scale 1000 --steps 100000 --seed 1 --json run.json
 
 Prints the episodes' returns (in the environment's own units) as it goes;
-`--json` gets the whole curve (rewritten every update).
+`--json` gets the whole curve (rewritten every update). `--trunk` picks the
+critic's trunk (`mlp`, the default, or another of `multicritic.trunks`).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ HYPERPARAMETERS = dict(
     entropy=0.01,
     actor_lr=2.5e-4,
     critic_lr=1e-3,
+    actor_clip=0.5,
     critic_clip=50.0,
+    adam_epsilon=1e-5,
     units=64,
 )
 
@@ -99,13 +102,17 @@ def ppo_loss(y_true, logits):
 
 
 def make_actor(obs_size, actions, units):
+    """The actor as CleanRL's PPO builds it: orthogonal kernels (gain sqrt(2), the last layer's 0.01: near-uniform
+    first policies), zero biases, Adam after a clip of the gradients' global norm (Keras's `clipnorm` would clip
+    each weight's gradient on its own)."""
+    hp = HYPERPARAMETERS
     inputs = keras.Input((obs_size,))
-    x = keras.layers.Dense(units, activation="tanh")(inputs)
-    x = keras.layers.Dense(units, activation="tanh")(x)
+    x = inputs
+    for _ in range(2):
+        x = keras.layers.Dense(units, "tanh", kernel_initializer=keras.initializers.Orthogonal(np.sqrt(2)))(x)
     actor = keras.Model(inputs, keras.layers.Dense(actions, kernel_initializer=keras.initializers.Orthogonal(0.01))(x))
-    actor.compile(
-        optimizer=keras.optimizers.Adam(HYPERPARAMETERS["actor_lr"], epsilon=1e-5, clipnorm=0.5), loss=ppo_loss
-    )
+    optimizer = keras.optimizers.Adam(hp["actor_lr"], epsilon=hp["adam_epsilon"], global_clipnorm=hp["actor_clip"])
+    actor.compile(optimizer=optimizer, loss=ppo_loss)
     return actor
 
 
@@ -127,25 +134,21 @@ CRITIC_OPTIONS = {}
 
 
 def value_network(obs_size, head, units):
-    """The built critic for `obs_size` observations: `h` is the observation, `z` one constant class. The value
-    support a head is given on the command line with (`two_hot:bin_scheme='symexp'`) is the critic's."""
+    """The built critic of `obs_size` observations (a features critic: its one input is the observation). The
+    value support a head is given on the command line with (`two_hot:bin_scheme='symexp'`) is the critic's."""
     spec = head_spec(head)
     support = {}
     if isinstance(spec, dict):
         support = {key: spec["config"].pop(key) for key in SUPPORT if key in spec["config"]}
-    critic = CriticNetwork(
+    return CriticNetwork(
         **CRITIC_OPTIONS,
         **support,
         model_size=None,
-        gru_units=obs_size,
-        num_z_categoricals=1,
-        num_z_classes=1,
+        input_size=obs_size,
         num_dense_layers=2,
         dense_hidden_units=units,
         head=spec,
     )
-    critic(np.zeros((1, obs_size), "float32"), np.ones((1, 1, 1), "float32"))
-    return critic
 
 
 def make_critic(obs_size, head, units, seed):
@@ -153,7 +156,8 @@ def make_critic(obs_size, head, units, seed):
     trainer = CriticTrainer(
         critic,
         learning_rate=HYPERPARAMETERS["critic_lr"],
-        grad_clip=HYPERPARAMETERS["critic_clip"],
+        epsilon=HYPERPARAMETERS["adam_epsilon"],
+        grad_clip=HYPERPARAMETERS["critic_clip"],  # of the gradients' global norm
         seed=seed,
         metrics="core",
     )
@@ -177,7 +181,7 @@ def real_values(value_symlog):
 
 def values(critic, obs):
     """The critic's real-space values of observations `[N, obs]`."""
-    value_symlog, _ = critic(obs, np.ones((obs.shape[0], 1, 1), "float32"))
+    value_symlog, _ = critic(obs)
     return real_values(value_symlog)
 
 
@@ -187,8 +191,7 @@ def acting_model(actor, critic, obs_size):
     environment step is one compiled call where two models were two (on TensorFlow a call costs about 0.3
     ms whatever it computes)."""
     obs = keras.Input((obs_size,))
-    z = ops.expand_dims(ops.ones_like(obs[:, :1]), -1)  # the constant one-hot `z`, `[N, 1, 1]`
-    value_symlog, _ = critic(obs, z)
+    value_symlog, _ = critic(obs)
     return keras.Model(obs, (actor(obs), value_symlog))
 
 
@@ -279,6 +282,13 @@ def minibatches(advantages, rng):
             yield idx, (a - a.mean()) / (a.std() + 1e-8)
 
 
+def update(actor, trainer, obs, action, old_logp, advantages, returns):
+    """One minibatch's update: the actor's PPO step, then the critic's on the returns; the critic's metrics."""
+    y = np.stack([action, advantages, old_logp], -1).astype("float32")
+    actor.train_on_batch(obs, y)
+    return trainer.train_step(obs, returns, np.ones(len(returns), "float32"))
+
+
 def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
     """Runs PPO; returns `{"episodes": [[env step, return], ...], "seconds": ...}` (returns unscaled)."""
     hp = HYPERPARAMETERS
@@ -310,12 +320,9 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
                 obs, step = env_step(envs, action, buf, t, reward_scale, record, step)
         with phases("other"):
             flat, adv, ret, returns = rollout_targets(buf, values(critic, obs.astype("float32")))
-            z = np.ones((T * E, 1, 1), "float32")
         with phases("update"):
             for idx, a in minibatches(adv, rng):
-                y = np.stack([flat["action"][idx], a, flat["logp"][idx]], -1).astype("float32")
-                actor.train_on_batch(flat["obs"][idx], y)
-                metrics = trainer.train_step(flat["obs"][idx], z[idx], ret[idx], np.ones(len(idx), "float32"))
+                metrics = update(actor, trainer, flat["obs"][idx], flat["action"][idx], flat["logp"][idx], a, ret[idx])
             keras.ops.convert_to_numpy(metrics["total"])  # the update's last step done (JAX runs it async)
         with phases("other"):
             report(record, step, start, json_path, log, critic_fit(buf["value"], returns), phases)
@@ -355,15 +362,19 @@ def report(record, step, start, json_path, log, fit=None, phases=None):
 
 
 def main(argv=None, train=train, doc=__doc__):
-    """The agents' command line: `train(env, head, reward_scale, steps, seed, json)`."""
+    """The agents' command line: `train(env, head, reward_scale, steps, seed, json)`; `--trunk` other than
+    `mlp` goes to the critic through `CRITIC_OPTIONS` (the run's record keeps it there)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--head", default="two_hot", help="the critic's head")
+    parser.add_argument("--trunk", default="mlp", help="the critic's trunk (a registered name: multicritic.trunks)")
     parser.add_argument("--reward-scale", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=100_000, help="environment steps")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    if args.trunk != "mlp":  # the default run builds its critic as it always did
+        CRITIC_OPTIONS["trunk"] = args.trunk
     return train(args.env, args.head, args.reward_scale, args.steps, args.seed, args.json)
 
 

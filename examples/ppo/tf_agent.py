@@ -2,13 +2,16 @@
 
 The actor is a pure MLP over `tf.Variable`s; the critic is a `CriticNetwork`
 called inside the user's own `tf.function`s (the recipe of
-docs/frameworks/tensorflow.md): one function per environment step (the
-action, its log-probability and the critic's value) and one per update (both
-losses under `tf.GradientTape`, Keras's Adam, the global-norm clips and
-`critic.update_ema()`). Plain graphs: with `jit_compile=True` XLA's
-compilation did not pay back over a 25,000-step CartPole run (13.3 s against
-11.7 s, one core). Hyperparameters, rollouts and GAE are `keras_agent.py`'s
-(the same experiment, another framework's idiom).
+docs/frameworks/tensorflow.md): one call per environment step (`make_act`:
+the action, its log-probability and the critic's value) and one per
+minibatch (`make_update`: both losses under `tf.GradientTape`, Keras's Adam,
+the global-norm clips and `critic.update_ema()`). Acting goes through the
+function's concrete function, called directly: a `tf.function` call first
+matches its arguments against its traces, a cost paid at every one of the
+rollout's many small calls. Plain graphs: with `jit_compile=True` XLA's
+compilation did not pay back over a 25,000-step CartPole run.
+Hyperparameters, rollouts and GAE are `keras_agent.py`'s (the same
+experiment, another framework's idiom).
 
     KERAS_BACKEND=tensorflow python examples/ppo/tf_agent.py --env CartPole-v1 --head two_hot \\
         --reward-scale 1000 --steps 100000 --seed 1 --json run.json
@@ -45,7 +48,8 @@ from keras_agent import (  # noqa: E402
 
 
 def actor_init(seed, sizes):
-    """`[(w, b), ...]` as `tf.Variable`s: orthogonal kernels (gain sqrt(2), the last 0.01), zero biases."""
+    """`[(kernel [in, out], bias [out]), ...]` as `tf.Variable`s (a Keras `Dense` layer's layout): orthogonal
+    kernels (gain sqrt(2), the last layer's 0.01), zero biases."""
     params = []
     for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         gain = 0.01 if i == len(sizes) - 2 else np.sqrt(2.0)
@@ -61,33 +65,35 @@ def actor_logits(params, obs):
     return x @ params[-1][0] + params[-1][1]
 
 
-def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
+def optimizers():
+    """`(actor's, critic's)` Adam (Keras's: the one the Keras agent and `CriticTrainer` use)."""
     hp = HYPERPARAMETERS
-    tf.random.set_seed(seed)
-    rng = np.random.default_rng(seed)
-    envs, obs, obs_size, actions, record = start_run(
-        env_id, head, reward_scale, steps, seed, "tensorflow (its own tf.function)"
+    return (
+        keras.optimizers.Adam(hp["actor_lr"], epsilon=hp["adam_epsilon"]),
+        keras.optimizers.Adam(hp["critic_lr"], epsilon=hp["adam_epsilon"]),
     )
-    actor = actor_init(seed, [obs_size, hp["units"], hp["units"], actions])
+
+
+def make_act(actor, critic, obs_size):
+    """The concrete function `obs [N, obs] -> (action [N], its log-probability [N], real-space value [N])`,
+    called directly (no dispatch over traces); the categorical draw is a stateful op, seeded by
+    `tf.random.set_seed` before this is traced."""
+
+    def act(obs):
+        logits = actor_logits(actor, obs)
+        action = tf.random.categorical(logits, 1, dtype=tf.int32)[:, 0]
+        value, _ = critic(obs)  # the critic's one input is the observation
+        return action, tf.gather(tf.nn.log_softmax(logits), action, batch_dims=1), inverse_symlog(value)
+
+    return tf.function(act).get_concrete_function(tf.TensorSpec([None, obs_size], tf.float32))
+
+
+def make_update(actor, critic, actor_opt, critic_opt):
+    """The minibatch update `(obs, action, old_logp, advantages, returns) -> critic loss` as a `tf.function`:
+    the actor's PPO step, then the critic's on the returns and its EMA copy's."""
+    hp = HYPERPARAMETERS
     actor_vars = [v for pair in actor for v in pair]
-    actor_opt = keras.optimizers.Adam(hp["actor_lr"], epsilon=1e-5)
-    critic = value_network(obs_size, head, hp["units"])
-    critic_opt = keras.optimizers.Adam(hp["critic_lr"], epsilon=1e-5)
     options = critic.loss_options()
-
-    @tf.function
-    def act(obs, seed):
-        logp_all = tf.nn.log_softmax(actor_logits(actor, obs))
-        # A categorical draw by the Gumbel-max trick (one stateless op per call, under XLA as in a plain graph).
-        uniform = tf.random.stateless_uniform(tf.shape(logp_all), seed, minval=1e-20, maxval=1.0)
-        action = tf.argmax(logp_all - tf.math.log(-tf.math.log(uniform)), -1, output_type=tf.int32)
-        value, _ = critic(obs, tf.ones((tf.shape(obs)[0], 1, 1)))
-        return action, tf.gather(logp_all, action, batch_dims=1), inverse_symlog(value)
-
-    @tf.function
-    def values(obs):
-        value, _ = critic(obs, tf.ones((tf.shape(obs)[0], 1, 1)))
-        return inverse_symlog(value)
 
     @tf.function
     def update(obs, action, old_logp, adv, ret):
@@ -97,28 +103,46 @@ def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
             surrogate = tf.minimum(ratio * adv, tf.clip_by_value(ratio, 1 - hp["clip"], 1 + hp["clip"]) * adv)
             entropy = -tf.reduce_sum(tf.exp(logp_all) * logp_all, -1)
             actor_loss = -tf.reduce_mean(surrogate) - hp["entropy"] * tf.reduce_mean(entropy)
-        grads, _ = tf.clip_by_global_norm(tape.gradient(actor_loss, actor_vars), 0.5)
+        grads, _ = tf.clip_by_global_norm(tape.gradient(actor_loss, actor_vars), hp["actor_clip"])
         actor_opt.apply_gradients(zip(grads, actor_vars))
-        z = tf.ones((tf.shape(obs)[0], 1, 1))
-        ema_value, _ = critic(obs, z, use_ema=True)
+        ema_value, _ = critic(obs, use_ema=True)
         fast = critic.trainable_variables
         with tf.GradientTape() as tape:
-            _, logits = critic(obs, z)
+            _, logits = critic(obs)
             loss = critic_loss(logits, ret, ema_value, tf.ones_like(ret), **options)["total"]
         grads, _ = tf.clip_by_global_norm(tape.gradient(loss, fast), hp["critic_clip"])
         critic_opt.apply_gradients(zip(grads, fast))
         critic.update_ema()
         return loss
 
+    return update
+
+
+def train(env_id, head, reward_scale, steps, seed, json_path=None, log=print):
+    hp = HYPERPARAMETERS
+    tf.random.set_seed(seed)
+    rng = np.random.default_rng(seed)
+    envs, obs, obs_size, actions, record = start_run(
+        env_id, head, reward_scale, steps, seed, "tensorflow (its own tf.function)"
+    )
+    actor = actor_init(seed, [obs_size, hp["units"], hp["units"], actions])
+    critic = value_network(obs_size, head, hp["units"])
+    act = make_act(actor, critic, obs_size)
+    update = make_update(actor, critic, *optimizers())
+
+    @tf.function
+    def values(obs):
+        value, _ = critic(obs)
+        return inverse_symlog(value)
+
     phases = Phases()
     start, step, T, E = time.perf_counter(), 0, hp["rollout"], hp["envs"]
     while step < steps:
         buf = rollout_buffer(T, E, obs_size, "int32")
         for t in range(T):
-            # The action, its log-probability and the value in one compiled call (the value's share is not
-            # timed apart from the actor's: `act` holds both).
+            # The actor's and the critic's share are one call: timed together (no "value" phase).
             with phases("act"):
-                action, logp, value = act(tf.constant(obs, tf.float32), rng.integers(0, 2**31, size=2))
+                action, logp, value = act(obs)
                 action = action.numpy()
                 buf["obs"][t], buf["action"][t], buf["logp"][t] = obs, action, logp.numpy()
                 buf["value"][t] = value.numpy()

@@ -19,6 +19,7 @@ what its trace read is unchanged (`multicritic.backend.trace_reads`).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Callable, Hashable, Optional, Sequence
 
@@ -77,6 +78,16 @@ STALE_LIMIT = 4
 _EAGER = object()
 
 
+class _Cache(OrderedDict):
+    """An owner's compiled calls and the owner they read: a copy that carries the attribute along (Flax NNX's
+    transforms merge one holding the transform's tracers, `copy.copy` one) has variables of its own, which these
+    calls would not read."""
+
+    def __init__(self, owner):
+        super().__init__()
+        self.owner = weakref.ref(owner)
+
+
 class CompiledCalls:
     """`calls(owner, variables, key, fn, inputs, signature)`: `fn(*inputs)` from `compile(fn, variables)`,
     made at the first call of `(key, signature)` on `owner` and kept per owner for `LIMIT` signatures while what
@@ -100,8 +111,8 @@ class CompiledCalls:
         full = (key, signature)
         with _LOCK:
             cache = owner.__dict__.get(self.attribute)
-            if cache is None:
-                cache = OrderedDict()
+            if cache is None or cache.owner() is not owner:
+                cache = _Cache(owner)
                 object.__setattr__(owner, self.attribute, cache)
             entry = cache.get(full)
             if entry is not None:

@@ -19,6 +19,7 @@ import abc
 import contextlib
 import dataclasses
 import importlib
+import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -33,24 +34,69 @@ from multicritic.backend.selection import SUPPORTED
 EXPORT_FORMATS = {
     "tensorflow": ("tf_saved_model", "onnx", "litert"),
     "jax": ("tf_saved_model", "onnx"),
-    "torch": ("onnx",),
+    "torch": ("onnx", "torch"),
 }
+_TORCH_ONLY = "Keras writes a torch.export program from the PyTorch backend only"
 EXPORT_LIMITS = {
     "torch": {
         "tf_saved_model": "Keras exports a SavedModel from PyTorch through torch_xla (no CPU build for this torch)",
         "litert": "Keras's PyTorch LiteRT path (litert-torch) fixes the batch size; the signature's batch is dynamic",
     },
-    "jax": {"litert": "Keras has no LiteRT export from JAX"},
+    "jax": {"litert": "Keras has no LiteRT export from JAX", "torch": _TORCH_ONLY},
+    "tensorflow": {"torch": _TORCH_ONLY},
 }
 
 Metrics = Dict[str, Any]
 
 # `jit_compile="auto"`: where a backend compiles a step further than its default way of running it (PyTorch:
 # the whole step by inductor instead of eager autograd; TensorFlow: XLA instead of the plain graph), it does so
-# at a step kind's this-many-th call. Counted in calls, not seconds, so that a run is reproducible (the two
-# ways round differently; a switch timed by the clock would move with the machine's load). Short runs (tests,
-# scripts) never switch; docs/performance.md gives the break-even.
+# on an accelerator at a step kind's this-many-th call, never on a CPU (`auto_compiles`). Counted in calls, not
+# seconds, so that a run is reproducible (the two ways round differently; a switch timed by the clock would
+# move with the machine's load). Short runs (tests, scripts) never switch.
 AUTO_COMPILE_AFTER_STEPS = 1000
+
+# Where `"auto"` switches. On a CPU the compilation (PyTorch's inductor: 7 s with a warm cache, a minute with a
+# cold one, for the PPO critic; TensorFlow's XLA: a few percent faster steps) does not pay back within the
+# runs users make (10^5 environment steps: about 3,000 updates), so `"auto"` keeps the default way there, as
+# Keras and TorchRL do; `jit_compile=True` compiles at the first call for a user who knows the run is long.
+AUTO_COMPILE_DEVICES = ("cuda", "gpu", "tpu", "xpu", "mps")
+
+_log = logging.getLogger("multicritic")
+
+
+def auto_compiles(device_type: str) -> bool:
+    """Whether `jit_compile="auto"` switches a step on a device of this type (`"cpu"`, `"cuda"`, `"GPU"`...)."""
+    return str(device_type).lower() in AUTO_COMPILE_DEVICES
+
+
+@dataclasses.dataclass(frozen=True)
+class Compilation:
+    """One compilation inside a train call: the step kind's call it happened in (0 for the first), the batch
+    signature it compiled for, the form (`"jit"`, `"graph"`, `"xla"`, `"inductor"`) and its seconds (the call's
+    wall time, the compilation and the step together)."""
+
+    call: int
+    signature: Any
+    form: str
+    seconds: float
+
+
+def record_compilation(events: List[Compilation], event: Compilation, first_of_signature: bool) -> None:
+    """Appends `event` to a train function's `compilations`; a compilation that is not the first call of its
+    signature (the switch of `"auto"`) says so, once per train function, with the time it took, on the
+    `multicritic` logger."""
+    switched = any(e.form == event.form for e in events)
+    events.append(event)
+    if not first_of_signature and not switched:
+        _log.warning(
+            "multicritic: the train step compiled (%s) at call %d of this step kind, for a batch signature it had "
+            "run before (jit_compile='auto' switches so on an accelerator); the compilation took %.1f s. "
+            "jit_compile=True compiles at a signature's first call, False never.",
+            event.form,
+            event.call,
+            event.seconds,
+        )
+
 
 # The one switch for debugging, on every backend (`MULTICRITIC_EAGER=1` in the environment, or this set to True
 # before the critic's first call): the forward passes run the Keras ops one by one instead of a compiled or
@@ -167,6 +213,12 @@ class Backend(abc.ABC):
         """`x` cut from any gradient computation it takes part in (`ops.stop_gradient`)."""
         return ops.stop_gradient(x)
 
+    def from_dlpack(self, x):
+        """`x`, another framework's array (an object with `__dlpack__`), as this backend's tensor by this
+        framework's DLPack import: on `x`'s device, sharing its memory where the framework can; raises where it
+        cannot (`multicritic.backend.foreign` then copies through the host). Here: through a numpy array."""
+        return ops.convert_to_tensor(np.from_dlpack(x))
+
     def step_input(self, x: np.ndarray):
         """A checked float32 host array as a compiled step takes it (`ops.convert_to_tensor`; JAX: the array
         itself, which `jax.jit` moves to the device in one call)."""
@@ -234,7 +286,9 @@ class Backend(abc.ABC):
         return x
 
     def forward_function(self, critic) -> Optional[Callable]:
-        """A data-parallel forward pass `fn(h, z, use_ema=False)` for the critic, or None for `critic(...)`."""
+        """A data-parallel forward pass `fn(h, z, use_ema=False)` (a features critic: `fn(x, use_ema=False)`) for the
+        critic, or None for `critic(...)`. It passes further keywords (`training=True`: a training step's passes of
+        a critic whose parts normalise by the batch) to the critic."""
         return None
 
     # Hosts: the processes of a data-parallel run over several machines (or several processes on one), each
@@ -313,7 +367,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def make_predict_function(self, critic, use_ema: bool) -> Callable:
-        """`fn(h, z) -> critic(h, z, use_ema)`, compiled so that a new batch size does not retrace."""
+        """`fn(h, z) -> critic(h, z, use_ema)` (a features critic: `fn(x)`), compiled so that a new batch size does
+        not retrace."""
 
 
 # Sums of squares past float32's range are recomputed on the tensor times 2^-64 (exact: a power of two).

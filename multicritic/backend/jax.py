@@ -13,6 +13,8 @@ gives its own rows, and the global batch is assembled from them.
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import keras
@@ -22,7 +24,7 @@ from keras import StatelessScope
 from keras.src.backend.common.stateless_scope import get_stateless_scope, in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
-from multicritic.backend import contract, trace_reads
+from multicritic.backend import contract, foreign, trace_reads
 from multicritic.backend.compiled_calls import CompiledCalls, assigned, host_array_kept, native_byte_order
 from multicritic.backend.contract import Backend
 
@@ -196,13 +198,18 @@ class JaxBackend(Backend):
     name = "jax"
 
     def replay(self, owner, variables, key, fn, inputs):
-        # Eagerly every op is dispatched from Python: each input signature runs jitted.
-        inputs = native_byte_order(inputs)
+        # Eagerly every op is dispatched from Python: each input signature runs jitted (other frameworks' arrays
+        # too, imported first).
+        inputs = native_byte_order(foreign.adopted(inputs))
         return _CALLS(owner, variables, key, fn, inputs, _call_signature(inputs))
 
     def detached(self, x):
         # A concrete array is in no gradient computation (only tracers are): no op to dispatch.
         return x if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) else super().detached(x)
+
+    def from_dlpack(self, x):
+        # JAX shares the producer's buffer where its device is JAX's and its layout row-major, else copies.
+        return jax.dlpack.from_dlpack(x)
 
     def step_input(self, x):
         # `jnp.asarray` dispatches a primitive per array (~100 µs on a CPU); the jitted step's own transfer of a
@@ -278,9 +285,20 @@ class JaxBackend(Backend):
                 state.append(value)
             return state[:n_shared], state[n_shared:], _shard_batch(batch, batch_axis)
 
+        calls, compilations, signatures = [0], [], set()
+        cache_size = getattr(compiled, "_cache_size", lambda: 0)
+
         def run(*batch):
             direct = not in_stateless_scope()
+            shapes = tuple((tuple(x.shape), x.dtype) for x in batch)
+            first = shapes not in signatures
+            signatures.add(shapes)
+            calls[0] += 1
+            programs, start = cache_size(), time.perf_counter()
             new_state, metrics = compiled(*arguments(batch, direct))
+            if cache_size() > programs:
+                event = contract.Compilation(calls[0] - 1, shapes, "jit", time.perf_counter() - start)
+                contract.record_compilation(compilations, event, first)
             # The step's outputs have the variables' shapes and dtypes: stored without `assign`'s conversion
             # and checks (tens of microseconds per step), except inside a caller's StatelessScope.
             for var, value in zip(variables, new_state):
@@ -288,6 +306,7 @@ class JaxBackend(Backend):
             return metrics
 
         run.compiled = compiled
+        run.compilations = compilations
         if not contract.EAGER:
             # The step lowered for `batch`, to inspect what XLA makes of it (`.compile().as_text()`).
             run.lower = lambda *batch: compiled.lower(*arguments(batch, not in_stateless_scope()))
@@ -315,19 +334,20 @@ class JaxBackend(Backend):
         """Jitted forward pass; batches are padded to a power of two (rows are independent),
         so batch sizes 1..8 share one compilation, 9..16 the next, and so on."""
 
-        def forward(trainable, non_trainable, h, z):
-            outputs, _ = critic.stateless_call(trainable, non_trainable, h, z, use_ema=use_ema)
+        def forward(trainable, non_trainable, *inputs):
+            outputs, _ = critic.stateless_call(trainable, non_trainable, *inputs, use_ema=use_ema)
             return outputs
 
         compiled = forward if contract.EAGER else jax.jit(forward)
 
-        def run(h, z):
-            batch = h.shape[0]
+        def run(*inputs):  # `h, z`, or a features critic's `x`
+            batch = inputs[0].shape[0]
             pad = _bucket(batch) - batch
-            h = jnp.pad(h, [(0, pad), (0, 0)])
-            z = jnp.pad(z, [(0, pad), (0, 0), (0, 0)])
+            inputs = [jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) for x in inputs]
             outputs = compiled(
-                [v.value for v in critic.trainable_variables], [v.value for v in critic.non_trainable_variables], h, z
+                [v.value for v in critic.trainable_variables],
+                [v.value for v in critic.non_trainable_variables],
+                *inputs,
             )
             # Rows are the last-but-one axis of every output ([B] or [K, B] values).
             return tuple(o[..., :batch] if o.ndim == outputs[0].ndim else o[..., :batch, :] for o in outputs)

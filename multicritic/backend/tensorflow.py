@@ -12,6 +12,7 @@ worker is given its own rows and splits them over its own replicas.
 from __future__ import annotations
 
 import operator
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -22,6 +23,7 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from multicritic.backend import contract as backend_contract
+from multicritic.backend import foreign
 from multicritic.backend.compiled_calls import LIMIT, CompiledCalls, host_array_kept, native_byte_order
 from multicritic.backend.contract import Backend, StepProgram
 
@@ -39,13 +41,25 @@ def batch_signature(batch, batch_axis, static=False):
 
 
 def _xla(program: StepProgram, calls: int) -> bool:
-    """Whether the step compiles with XLA: when asked, and under `"auto"` from a step kind's
-    `AUTO_COMPILE_AFTER_STEPS`-th call on (XLA's fused step is faster than the plain graph's op-by-op kernels
-    at the critic's sizes; before, no XLA compilation per batch shape for a short run), unless loss-scaled
-    (Keras's loss-scale optimizer's conditional update is left to the graph)."""
+    """Whether the step compiles with XLA: when asked, and under `"auto"` on an accelerator from a step
+    kind's `AUTO_COMPILE_AFTER_STEPS`-th call on (XLA's fused step is faster than the plain graph's op-by-op
+    kernels there; before, no XLA compilation per batch shape for a short run; on a CPU never:
+    `contract.auto_compiles`), unless loss-scaled (Keras's loss-scale optimizer's conditional update is left
+    to the graph)."""
     if program.jit_compile == "auto":
-        return calls >= backend_contract.AUTO_COMPILE_AFTER_STEPS and not program.loss_scaled
+        return (
+            calls >= backend_contract.AUTO_COMPILE_AFTER_STEPS
+            and not program.loss_scaled
+            and backend_contract.auto_compiles(_device_type(program.trainable[:1]))
+        )
     return program.jit_compile is True
+
+
+def _device_type(variables) -> str:
+    """The device type (`"CPU"`, `"GPU"`) the first of `variables` lives on; the default device's if none."""
+    for var in variables:
+        return tf.DeviceSpec.from_string(getattr(var, "value", var).device).device_type or "CPU"
+    return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
 
 
 def _strategy(variables=()):
@@ -257,6 +271,8 @@ def _closed(inputs, opened):
 
 
 _CALLS = CompiledCalls(_compile_call, "_cache_tf_compiled_calls")
+# TensorFlow's allocator's alignment (`Allocator::kAllocatorAlignment`), which its CPU kernels assume.
+_ALIGNMENT = 64
 
 
 def _call_signature(inputs):
@@ -298,8 +314,9 @@ class TensorFlowBackend(Backend):
     concatenates_first_input = True
 
     def replay(self, owner, variables, key, fn, inputs):
-        # Eagerly every op is dispatched from Python: each input signature runs as a graph.
-        inputs = native_byte_order(inputs)
+        # Eagerly every op is dispatched from Python: each input signature runs as a graph (other frameworks'
+        # arrays too, imported first).
+        inputs = native_byte_order(foreign.adopted(inputs))
         return _CALLS(owner, variables, key, fn, inputs, _call_signature(inputs))
 
     @property
@@ -308,6 +325,15 @@ class TensorFlowBackend(Backend):
         # splits the fusions around it and materialises its operands, and the fallback beside the variance
         # costs less.
         return not _tracing_for_xla()
+
+    def from_dlpack(self, x):
+        # TensorFlow imports a capsule only (not an object with `__dlpack__`) and refuses a strided layout. Its
+        # kernels assume its allocator's 64-byte alignment, which the import does not check (a numpy-backed
+        # PyTorch tensor aborts the process at the first op): other memory is copied through the host.
+        capsule = x.__dlpack__()
+        if foreign.capsule_address(capsule) % _ALIGNMENT:
+            raise BufferError("the array's memory is not aligned as TensorFlow's kernels require")
+        return tf.experimental.dlpack.from_dlpack(capsule)
 
     def detached(self, x):
         # TensorFlow differentiates only what a tape is asked for (the step's own tape: the critic's
@@ -399,6 +425,7 @@ class TensorFlowBackend(Backend):
             return _distributed_train_function(program, batch_axis, strategy)
         compiled = {}
         calls = [0]
+        compilations, signatures = [], set()
 
         def step(*batch):
             return self.train_step(program, batch)
@@ -414,15 +441,27 @@ class TensorFlowBackend(Backend):
             fn = compiled.get(key)
             if backend_contract.EAGER:  # the step's ops one by one
                 return step(*batch)
-            if fn is None:
-                # Called as its concrete function: the key above already chose it (a `tf.function` call would
-                # bind and match the signature again, ~0.5 ms a step).
-                fn = compiled[key] = tf.function(step, input_signature=signature, jit_compile=xla)
-                fn.concrete = fn.get_concrete_function()
             calls[0] += 1
-            return fn.concrete(*batch)
+            shapes = tuple((tuple(x.shape), x.dtype) for x in batch)
+            first = shapes not in signatures
+            if first:
+                signatures.add(shapes)
+            if fn is not None:
+                return fn.concrete(*batch)
+            # Called as its concrete function: the key above already chose it (a `tf.function` call would
+            # bind and match the signature again, ~0.5 ms a step).
+            start = time.perf_counter()
+            fn = compiled[key] = tf.function(step, input_signature=signature, jit_compile=xla)
+            fn.concrete = fn.get_concrete_function()
+            metrics = fn.concrete(*batch)  # (XLA compiles at the first run)
+            event = backend_contract.Compilation(
+                calls[0] - 1, shapes, "xla" if xla else "graph", time.perf_counter() - start
+            )
+            backend_contract.record_compilation(compilations, event, first)
+            return metrics
 
         run.compiled = compiled
+        run.compilations = compilations
         return run
 
     def keras_batch_signature(self, source):
@@ -434,14 +473,12 @@ class TensorFlowBackend(Backend):
 
     def make_predict_function(self, critic, use_ema):
         """`tf.function` traced once for every batch size (`[None, ...]` signature, as the reference)."""
-        signature = [
-            tf.TensorSpec([None, critic.gru_units], tf.float32),
-            tf.TensorSpec([None, critic.num_z_categoricals, critic.num_z_classes], tf.float32),
-        ]
-        compiled = tf.function(lambda h, z: critic(h, z, use_ema=use_ema), input_signature=signature)
+        # `h [None, gru_units]`, `z [None, cats, classes]`, or a features critic's `x [None, input_size]`.
+        signature = [tf.TensorSpec((None,) + row, tf.float32) for row in critic.input_row_shapes().values()]
+        compiled = tf.function(lambda *inputs: critic(*inputs, use_ema=use_ema), input_signature=signature)
 
-        def run(h, z):
-            return critic(h, z, use_ema=use_ema) if backend_contract.EAGER else compiled(h, z)
+        def run(*inputs):
+            return critic(*inputs, use_ema=use_ema) if backend_contract.EAGER else compiled(*inputs)
 
         run.compiled = compiled
         return run

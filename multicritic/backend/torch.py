@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import time
 import warnings
 
 import keras
@@ -23,7 +24,7 @@ from keras.src.backend.torch import core as keras_torch
 
 from multicritic.backend import contract as backend_contract
 from multicritic import validation
-from multicritic.backend import torch_replay, torch_step, torch_views, trace_reads
+from multicritic.backend import foreign, torch_replay, torch_step, torch_views, trace_reads
 from multicritic.backend.compiled_calls import host_array_kept, native_byte_order
 from multicritic.backend.contract import Backend
 
@@ -120,10 +121,12 @@ class TrainFunction:
     graph.
 
     `jit_compile`: True compiles at the first call; False never; `"auto"`
-    at the `multicritic.backend.contract.AUTO_COMPILE_AFTER_STEPS`-th call, falling back to eager (with a
+    on an accelerator at the `multicritic.backend.contract.AUTO_COMPILE_AFTER_STEPS`-th call (never on a
+    CPU: `contract.auto_compiles`), saying so once with the time it took, falling back to eager (with a
     warning) if compilation fails, and not under a loss-scale optimizer
     (Keras's branches on the host). Data-parallel steps keep the loss eager
     (DDP's reducer hooks into autograd) and compile the update when asked.
+    `compilations` lists every compilation (`contract.Compilation`).
     """
 
     def __init__(self, backend, program, distributed):
@@ -133,7 +136,10 @@ class TrainFunction:
         self.program = program
         self.distributed = distributed
         self.eager_steps = 0
+        self.calls = 0
         self.compiled = None  # a WholeStep once compiled
+        self.compilations = []
+        self.signatures = set()  # the batch signatures called so far, compiled or not
         self._apply = program.apply
         if distributed and program.jit_compile is True:
             self._apply = torch.compile(program.apply)
@@ -142,9 +148,12 @@ class TrainFunction:
         mode = self.program.jit_compile
         if self.distributed or mode is False or backend_contract.EAGER:
             return False
-        if mode == "auto" and self.program.loss_scaled:
+        if mode == "auto" and (self.program.loss_scaled or not self._auto_device()):
             return False  # Keras's loss-scale optimizer branches on the host: its update cannot be one graph
         return mode is True or self.eager_steps >= backend_contract.AUTO_COMPILE_AFTER_STEPS
+
+    def _auto_device(self):
+        return backend_contract.auto_compiles(self.program.trainable[0].value.device.type)
 
     def _eager(self, batch):
         self.eager_steps += 1
@@ -153,8 +162,14 @@ class TrainFunction:
     def __call__(self, *batch):
         if self.compiled is None and self._want_compiled():
             self.compiled = torch_step.WholeStep(self.program, COMPILER)
+        # (A MultiCritic's batch holds a dict per stream: its leaves.)
+        signature = tuple((tuple(x.shape), x.dtype) for x in keras.tree.flatten(batch))
+        first = signature not in self.signatures
+        self.signatures.add(signature)
+        self.calls += 1
         if self.compiled is None:
             return self._eager(batch)
+        graphs, start = len(self.compiled.graphs), time.perf_counter()
         try:
             metrics = self.compiled(*batch)
         except Exception as err:  # an op that reads the host, or one inductor cannot lower
@@ -167,6 +182,9 @@ class TrainFunction:
             self.program = dataclasses.replace(self.program, jit_compile=False)
             # A failed compilation assigned nothing: the step is retried eagerly.
             return self._eager(batch)
+        if len(self.compiled.graphs) > graphs:
+            event = backend_contract.Compilation(self.calls - 1, signature, COMPILER, time.perf_counter() - start)
+            backend_contract.record_compilation(self.compilations, event, first)
         # None: more batch signatures than a step compiles (`torch_step.MAX_SIGNATURES`); this one is eager.
         return self._eager(batch) if metrics is None else metrics
 
@@ -215,8 +233,10 @@ class TorchBackend(Backend):
 
     def replay(self, owner, variables, key, fn, inputs):
         # Host arrays the eager pass takes as they are become the tensors it would make of them first
-        # (`ops.convert_to_tensor`, on Keras's device), so that they replay too.
-        inputs = [keras.ops.convert_to_tensor(x) if host_array_kept(x) else x for x in native_byte_order(inputs)]
+        # (`ops.convert_to_tensor`, on Keras's device), so that they replay too; other frameworks' arrays are
+        # imported first.
+        inputs = native_byte_order(foreign.adopted(inputs))
+        inputs = [keras.ops.convert_to_tensor(x) if host_array_kept(x) else x for x in inputs]
         # The critic called as a torch module: parameters swapped by `functional_call` (or parametrized) are
         # what it reads.
         values = torch_views.swapped_values(owner, key)
@@ -224,6 +244,10 @@ class TorchBackend(Backend):
 
     def device_scope(self, x):
         return torch_views.device_scope(x)
+
+    def from_dlpack(self, x):
+        # On the array's own device, as a tensor there is taken (the critic runs where its input is).
+        return torch.from_dlpack(x)
 
     def module_view(self, critic, use_ema, outputs, layout=None):
         if use_ema is None:
@@ -360,13 +384,15 @@ class TorchBackend(Backend):
             # kernels in the same order, so the same values and the same autograd record) instead of
             # dispatching each Keras op from Python, about half of a small critic's eager step. Where a call
             # cannot replay (a traced step, a scope, a transform) the critic runs its Keras ops.
-            return lambda h, z, use_ema=False: critic(h, z, use_ema=use_ema)
+            # (`inputs`: `h, z`, or a features critic's `x`.)
+            # (`training`: a training step's passes of a critic whose parts normalise by the batch.)
+            return lambda *inputs, use_ema=False, **kwargs: critic(*inputs, use_ema=use_ema, **kwargs)
         ddp = torch.nn.parallel.DistributedDataParallel(critic, **_NO_BUFFER_SYNC)
 
-        def forward(h, z, use_ema=False):
+        def forward(*inputs, use_ema=False, **kwargs):
             # EMA passes need no gradients, hence no DDP (its reducer expects
             # one forward pass per backward).
-            return critic(h, z, use_ema=True) if use_ema else ddp(h, z)
+            return critic(*inputs, use_ema=True, **kwargs) if use_ema else ddp(*inputs, **kwargs)
 
         forward.ddp = ddp
         return forward
@@ -407,9 +433,9 @@ class TorchBackend(Backend):
     def make_predict_function(self, critic, use_ema):
         """Eager forward pass without autograd (nothing to trace, nothing to recompile)."""
 
-        def run(h, z):
+        def run(*inputs):
             with torch.no_grad():
-                return critic(h, z, use_ema=use_ema)
+                return critic(*inputs, use_ema=use_ema)
 
         return run
 

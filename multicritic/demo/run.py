@@ -138,7 +138,7 @@ class Session:
         self.critic = self.trainer = self.predict = None
         self._initial = None  # the trainer's state when new (optimizer slots, counters)
         # Thousands of steps of one batch shape: the step is compiled from its first call on every backend
-        # ("auto" would run PyTorch's first 1000 eagerly, and TensorFlow's without XLA).
+        # ("auto" would keep PyTorch's eager and TensorFlow's plain graph on a CPU).
         self.jit_compile = True
         self._stepped = False
 

@@ -1,4 +1,5 @@
-"""Exporting a critic for serving: `(h, z) -> (value_real, value_symlog, logits)` through Keras's `Model.export`."""
+"""Exporting a critic for serving: `(h, z) -> (value_real, value_symlog, logits)` (a features critic: `x -> ...`)
+through Keras's `Model.export`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import numpy as np
 from keras import ops
 
 from multicritic.backend import contract as backends
-from multicritic.files.runtimes import FORMATS, OUTPUT_NAMES, check_path, load_exported  # noqa: F401  (load_exported: the runtimes that serve an export)
+from multicritic.files.runtimes import FORMATS, OUTPUT_NAMES, check_path, load_exported, torch_dynamic_batch  # noqa: F401  (load_exported: the runtimes that serve an export)
 
 # The (backend, format) pairs that export with a dynamic batch and reload with the format's own runtime (tested).
 SUPPORTED = backends.EXPORT_FORMATS
 # Keras's `Model.export` options per format (LiteRT's are the TFLite converter's attributes: Keras refuses others).
-EXPORT_OPTIONS = {"tf_saved_model": ("is_static", "jax2tf_kwargs"), "onnx": ("opset_version",), "litert": None}
+EXPORT_OPTIONS = {
+    "tf_saved_model": ("is_static", "jax2tf_kwargs"),
+    "onnx": ("opset_version",),
+    "litert": None,
+    "torch": ("strict", "dynamic_shapes"),
+}
 
 
 def serving_inverse_symlog(y):
@@ -25,7 +31,8 @@ def serving_inverse_symlog(y):
 
 
 class ServingCritic(keras.Model):
-    """The critic's serving signature: `(h, z) -> (value_real, value_symlog, logits)`, fast or EMA weights.
+    """The critic's serving signature: `(h, z) -> (value_real, value_symlog, logits)` (a features critic's
+    `x -> ...`), fast or EMA weights.
 
     `named=True`: the three as a dict keyed by `OUTPUT_NAMES`, which a SavedModel's signature takes as its
     output names (a tuple's are `output_0` to `output_2`)."""
@@ -39,16 +46,18 @@ class ServingCritic(keras.Model):
         self.named = bool(named)
         self.built = critic.built  # nothing of its own to build
 
-    def call(self, h, z):
-        value, logits = self.critic(h, z, use_ema=self.use_ema)
+    def call(self, h, z=None):
+        inputs = (h,) if z is None else (h, z)  # a features critic's `x`, or `h, z`
+        value, logits = self.critic(*inputs, use_ema=self.use_ema)
         outputs = (serving_inverse_symlog(value), value, logits)
         return dict(zip(OUTPUT_NAMES, outputs)) if self.named else outputs
 
 
 def input_signature(critic):
+    """`h [None, gru_units]` and `z [None, cats, classes]` (a features critic: `x [None, input_size]`), float32."""
     return [
-        keras.InputSpec(shape=(None, critic.gru_units), dtype="float32", name="h"),
-        keras.InputSpec(shape=(None, critic.num_z_categoricals, critic.num_z_classes), dtype="float32", name="z"),
+        keras.InputSpec(shape=(None,) + tuple(row), dtype="float32", name=name)
+        for name, row in critic.input_row_shapes().items()
     ]
 
 
@@ -96,6 +105,8 @@ def export(critic, filepath, format="tf_saved_model", verbose=None, use_ema=Fals
         named=format == "tf_saved_model",
     )
     kwargs.setdefault("input_signature", input_signature(critic))
+    if format == "torch":  # Keras's default fixes the batch at 1
+        kwargs.setdefault("dynamic_shapes", torch_dynamic_batch(len(kwargs["input_signature"])))
     if verbose is None or verbose:
         return serving.export(filepath, format=format, verbose=None if verbose is None else True, **kwargs)
     # Quiet means quiet: the converters' tracing warnings too (PyTorch's TracerWarning on every shape read as an

@@ -87,14 +87,16 @@ class FileMethods:
 
         Through Keras's `Model.export`, from the backends where Keras supports
         the format with a dynamic batch: `"tf_saved_model"` (TensorFlow, JAX),
-        `"onnx"` (all three) and `"litert"` (TensorFlow); other pairs raise a
+        `"onnx"` (all three), `"litert"` (TensorFlow) and `"torch"` (PyTorch: a
+        `torch.export` program, `torch.export.load` reads it); other pairs raise a
         `ValueError` naming the supported ones. `multicritic.files.export.load_exported`
-        runs an export with its own runtime (TensorFlow, onnxruntime, LiteRT).
+        runs an export with its own runtime (TensorFlow, onnxruntime, LiteRT, PyTorch).
 
         Args:
-            filepath: a directory (`tf_saved_model`), a `.onnx` or a `.tflite` file,
-                in an existing directory (a path of the other kind is refused).
-            format: `"tf_saved_model"`, `"onnx"` or `"litert"`.
+            filepath: a directory (`tf_saved_model`), a `.onnx`, a `.tflite` or a
+                `.pt2` file, in an existing directory (a path of the other kind is
+                refused).
+            format: `"tf_saved_model"`, `"onnx"`, `"litert"` or `"torch"`.
             use_ema: True or False: export the EMA (slow) critic instead of
                 the fast one.
             compute_dtype: `"float32"` (default): a critic trained under a
@@ -106,11 +108,13 @@ class FileMethods:
                 silences the converters' warnings (PyTorch's tracer's), so nothing
                 is printed.
             input_signature: as Keras's `Model.export` (default: `h [None,
-                gru_units]`, `z [None, cats, classes]`, float32).
+                gru_units]`, `z [None, cats, classes]`, float32; a features
+                critic's `x [None, input_size]`).
             **kwargs: passed to Keras's `Model.export`; options the format
                 does not take are refused (`tf_saved_model`: `is_static`,
                 `jax2tf_kwargs`; `onnx`: `opset_version`; `litert`: the
-                TFLite converter's attributes, which Keras checks).
+                TFLite converter's attributes, which Keras checks; `torch`:
+                `strict`, `dynamic_shapes`, by default a dynamic batch).
         """
         if input_signature is not None:
             kwargs["input_signature"] = input_signature

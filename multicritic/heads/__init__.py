@@ -17,6 +17,7 @@ HEADS = Registry(
         "hl_gauss": declare("multicritic.heads.hl_gauss:HLGaussHead", bin_schemes=("uniform_symlog",)),
         "mse": declare("multicritic.heads.mse:MSEHead"),
         "quantile": declare("multicritic.heads.quantile:QuantileHead"),
+        "adaptive": declare("multicritic.heads.adaptive:AdaptiveSupportHead", bin_schemes=("uniform_symlog",)),
     },
     shared=SUPPORT,
 )

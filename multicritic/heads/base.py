@@ -12,11 +12,12 @@ from multicritic.backend import contract as backend
 from multicritic.math.bins import bucket_range, bucket_values, check_bin_args, expected_value
 from multicritic.heads import HEADS
 from multicritic.layers.mlp import dense_layer
+from multicritic.layers.part_hooks import PartHooks
 from multicritic.layers.dispatch import call_layer
 from multicritic.validation import FixedOptions, cast_to, integer
 
 
-class ValueHead(FixedOptions, keras.layers.Layer):
+class ValueHead(FixedOptions, PartHooks, keras.layers.Layer):
     """Base class of the critic's value heads: a zero-initialised linear output, its decode and its loss.
 
     A head maps the trunk's features to `(value_symlog, logits)` and knows the
@@ -37,6 +38,13 @@ class ValueHead(FixedOptions, keras.layers.Layer):
     `multicritic.heads.HEADS`: it sets `units` (when not `num_buckets`) and
     overrides `decode` and `position_losses` (and `outside_support` when it
     has no bucket support). See the docs' "Adding a part".
+
+    Hooks (`PartHooks`, see `multicritic.layers.part_hooks`): a head whose
+    state changes after each optimizer update (a support that adapts) sets
+    `has_after_update = True` and overrides `after_update(twin)`, which the
+    trainer's step calls on the fast head after the optimizer's update and
+    before the EMA update, inside every backend's compiled step (`twin` is the
+    slow critic's head: state it must share is assigned there too).
 
     Args:
         num_buckets: buckets of the distribution (>= 2).

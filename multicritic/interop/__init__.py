@@ -1,7 +1,8 @@
 """Weights in and out of the DreamerV3 critics people run: one module per codebase.
 
 `rllib` (RLlib's TensorFlow and PyTorch critics), `sheeprl`, `dreamerv3` (the
-official JAX code), `nm512` (NM512/dreamerv3-torch) and `torchrl`. Each has
+official JAX code), `nm512` (NM512/dreamerv3-torch), `r2dreamer` (NM512/r2dreamer)
+and `torchrl`. Each has
 `load_*(critic, ...)` / `export_*(critic, ...)` for the fast and the slow
 (EMA, target) critic, all or nothing, and `CRITIC_OPTIONS`: the
 `CriticNetwork` options that reproduce the codebase's forward pass.
@@ -22,6 +23,7 @@ HOSTS = Registry(
         "sheeprl": declare("multicritic.interop.sheeprl:ADAPTER"),
         "dreamerv3": declare("multicritic.interop.dreamerv3:ADAPTER"),
         "nm512": declare("multicritic.interop.nm512:ADAPTER"),
+        "r2dreamer": declare("multicritic.interop.r2dreamer:ADAPTER"),
         "torchrl": declare("multicritic.interop.torchrl:ADAPTER"),
     },
     shared=(),

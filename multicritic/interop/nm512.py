@@ -32,25 +32,10 @@ from __future__ import annotations
 from typing import Dict, Mapping, Optional, Tuple
 
 from multicritic.interop import _common
-from multicritic.interop.adapter import HostAdapter
+from multicritic.interop.state_dicts import StateDictHost
 
 CRITIC_OPTIONS = dict(input_layout="z_h", **_common.ARCHITECTURE_2023)
-_BUILDER = "CriticNetwork(..., **multicritic.interop.nm512.CRITIC_OPTIONS)"
-
-
-def _key(kind: str, i: int, name: str = "Value") -> str:
-    return {
-        "kernel": f"layers.{name}_linear{i}.weight",
-        "scale": f"layers.{name}_norm{i}.weight",
-        "offset": f"layers.{name}_norm{i}.bias",
-        "head_kernel": "mean_layer.weight",
-        "head_bias": "mean_layer.bias",
-    }[kind]
-
-
-def _layout(critic):
-    _common.check_options(critic, "NM512", CRITIC_OPTIONS, _BUILDER)
-    return _common.entries(critic, _key, transpose=True)
+_HOST = StateDictHost("nm512", "NM512", CRITIC_OPTIONS, layers="layers.Value", head="mean_layer")
 
 
 def load_nm512(
@@ -59,43 +44,22 @@ def load_nm512(
     """Loads `ImagBehavior.value.state_dict()` (and `_slow_value.state_dict()`; without it the EMA copy
     becomes the fast critic) into `critic`, all or nothing (keys prefixed by a torch.compile / DDP / Fabric
     wrapper are accepted)."""
-    _common.load(
-        critic,
-        _layout(critic),
-        {"value_state": _common.unwrap(value_state), "slow_value_state": _common.unwrap(slow_value_state)},
-        member,
-    )
+    _HOST.load(critic, value_state, slow_value_state, member)
 
 
 def export_nm512(critic, member: Optional[int] = None) -> Tuple[Dict[str, object], Dict[str, object]]:
     """`(value_state, slow_value_state)`: numpy state dicts for `ImagBehavior.value` / `_slow_value`
     (`load_state_dict` takes them after `torch.as_tensor`)."""
-    return _common.export(critic, _layout(critic), member)
+    return _HOST.export(critic, member)
 
 
 def nm512_critic(
-    value_state: Mapping,
-    slow_value_state: Optional[Mapping] = None,
-    *,
-    gru_units: int,
-    num_z_categoricals: int,
-    num_z_classes: int,
-    **kwargs,
+    value_state, slow_value_state=None, *, gru_units: int, num_z_categoricals: int, num_z_classes: int, **kwargs
 ):
     """A `CriticNetwork` of NM512's critic size, loaded (`gru_units` = `dyn_deter`, `num_z_categoricals` =
     `dyn_stoch`, `num_z_classes` = `dyn_discrete`)."""
-    return _common.build(
-        lambda critic: load_nm512(critic, value_state, slow_value_state),
-        _key,
-        True,
-        _common.unwrap(value_state),
-        gru_units=gru_units,
-        num_z_categoricals=num_z_categoricals,
-        num_z_classes=num_z_classes,
-        options=CRITIC_OPTIONS,
-        what="value_state",
-        **kwargs,
-    )
+    sizes = dict(gru_units=gru_units, num_z_categoricals=num_z_categoricals, num_z_classes=num_z_classes)
+    return _HOST.build(value_state, slow_value_state, **sizes, **kwargs)
 
 
 def nm512_modules(critic, outputs: str = "logits"):
@@ -109,38 +73,17 @@ def nm512_modules(critic, outputs: str = "logits"):
     (`agent.state_dict()`, the optimizers' state dicts) written with the swap
     loads into NM512's agent and one written by it loads with the swap.
     `forward(feat)` returns logits, not NM512's `DiscDist`: wrap them where
-    NM512 expects a distribution. PyTorch backend only.
-
-    Args:
-        critic: a built single `CriticNetwork` with `CRITIC_OPTIONS`
-            (`nm512_critic` builds one from NM512's state dicts).
-        outputs: what `forward(feat)` returns: `"logits"`, `"value"`
-            (symlog) or `"both"`.
-
-    Returns:
-        `(value, slow_value)`: the fast critic (trainable) and the EMA copy
-        (no gradients).
-
-    Raises:
-        ValueError: when `critic` is not a built single critic of NM512's
-            architecture, or not on the PyTorch backend.
+    NM512 expects a distribution. PyTorch backend only. `critic`: a built
+    single `CriticNetwork` with `CRITIC_OPTIONS` (`nm512_critic` builds one
+    from NM512's state dicts); `outputs`, the pair returned and the errors:
+    `StateDictHost.modules`.
 
     Examples:
         >>> ours = nm512_critic(behavior.value.state_dict(), behavior._slow_value.state_dict(),
         ...                     gru_units=..., num_z_categoricals=..., num_z_classes=...)
         >>> value, slow_value = nm512_modules(ours)
     """
-    fast, ema = _common.view_layouts(critic, _layout(critic))
-    return critic.fast_module(outputs=outputs, layout=fast), critic.ema_module(outputs=outputs, layout=ema)
+    return _HOST.modules(critic, outputs)
 
 
-ADAPTER = HostAdapter(
-    name="nm512",
-    title="NM512/dreamerv3-torch",
-    options=CRITIC_OPTIONS,
-    load=lambda critic, state, member=None: load_nm512(critic, *state, member=member),
-    export=export_nm512,
-    build=lambda state, **sizes: nm512_critic(*state, **sizes),
-    modules=nm512_modules,
-    key=_key,
-)
+ADAPTER = _HOST.adapter("nm512", "NM512/dreamerv3-torch", load_nm512, export_nm512, nm512_critic, nm512_modules)

@@ -14,6 +14,7 @@ from multicritic.backend import guard_scope
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.initializers import MemberwiseInitializer
 from multicritic.layers.layer_norm import LayerNormalization
+from multicritic.layers.part_hooks import PartHooks
 from multicritic.layers.row_scale import row_scale
 from multicritic.model.sizes import get_model_dims
 from multicritic.validation import FixedOptions, number
@@ -124,8 +125,88 @@ def trunk_dims(model_size, num_dense_layers, dense_hidden_units) -> dict:
     return dims
 
 
+class Trunk(FixedOptions, PartHooks, keras.layers.Layer):
+    """The base of the critic's trunks (the MLP and every registered trunk): the options the critic gives every
+    trunk (`multicritic.trunks.SHARED`) and the ensemble's `members`, checked, kept as attributes of their names
+    and saved by `get_config`.
+
+    A trunk takes its own options as keyword arguments and passes the rest here, as a head does to `ValueHead`;
+    one that takes a shared option only in part (a trunk that normalises its own way) checks that after.
+
+    Args:
+        model_size: a DreamerV3 model size (see `get_model_dims`) giving
+            `num_dense_layers` and `dense_hidden_units` (the MLP's hidden
+            layers; what another trunk counts is its own), or `None` to
+            give both (see `trunk_dims`).
+        num_dense_layers: overrides the size's depth.
+        dense_hidden_units: overrides the size's width.
+        kernel_initializer: initializer of the Dense kernels, per member
+            (default glorot-uniform, as the reference).
+        members: `None` (one trunk) or the ensemble size `K`.
+        norm: `"layer"` (LayerNorm with scale and centre, the reference) or
+            `"rms"` (RMSNorm with a scale, the official 2024 code).
+        norm_epsilon: the norms' epsilon (1e-3 in the reference, 1e-4 in
+            the official 2024 code).
+        use_bias: give the hidden Dense layers a bias (the official 2024
+            code does; the reference does not).
+        **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        model_size: Optional[str] = "XS",
+        num_dense_layers: Optional[int] = None,
+        dense_hidden_units: Optional[int] = None,
+        kernel_initializer="glorot_uniform",
+        members: Optional[int] = None,
+        norm: str = "layer",
+        norm_epsilon: float = 1e-3,
+        use_bias: bool = False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(norm, str) or norm not in NORMS:
+            raise ValueError(f"norm: got {norm!r}, expected one of {list(NORMS)}.")
+        norm_epsilon = number("norm_epsilon", norm_epsilon, low=0.0, low_open=True)
+        if not isinstance(use_bias, (bool, np.bool_)):
+            raise ValueError(f"use_bias: got {use_bias!r}, expected True or False.")
+        dims = trunk_dims(model_size, num_dense_layers, dense_hidden_units)
+        if members is not None and (isinstance(members, bool) or int(members) != members or members < 1):
+            raise ValueError(f"members: got {members!r}, expected a positive integer or None.")
+        self.model_size = model_size
+        self.num_dense_layers = dims["num_dense_layers"]
+        self.dense_hidden_units = dims["dense_hidden_units"]
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.members = None if members is None else int(members)
+        self.norm = norm
+        self.norm_epsilon = float(norm_epsilon)
+        self.use_bias = bool(use_bias)
+
+    def compute_output_shape(self, input_shape):
+        """`[..., dense_hidden_units]`, member-major `[K, ..., dense_hidden_units]` with members."""
+        members = () if self.members is None else (self.members,)
+        return members + tuple(input_shape)[:-1] + (self.dense_hidden_units,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "model_size": self.model_size,
+                "num_dense_layers": self.num_dense_layers,
+                "dense_hidden_units": self.dense_hidden_units,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "members": self.members,
+                "norm": self.norm,
+                "norm_epsilon": self.norm_epsilon,
+                "use_bias": self.use_bias,
+            }
+        )
+        return config
+
+
 @keras.saving.register_keras_serializable(package="multicritic")
-class MLP(FixedOptions, keras.layers.Layer):
+class MLP(Trunk):
     """A stack of `Dense -> LayerNorm -> SiLU` blocks, optionally as an ensemble of stacked members.
 
     Each hidden block is a bias-free `Dense` (the LayerNorm's centre replaces
@@ -155,23 +236,12 @@ class MLP(FixedOptions, keras.layers.Layer):
     rank-2 equations) and restored behind the member axis.
 
     Args:
-        model_size: a DreamerV3 model size (see `get_model_dims`) giving the
-            number and width of the hidden layers, or `None` to give both
-            explicitly.
-        num_dense_layers: overrides the size's number of hidden layers.
-        dense_hidden_units: overrides the size's hidden width.
         output_layer_size: width of an optional linear output layer with
             bias; `None` for no output layer.
-        kernel_initializer: initializer of the Dense kernels
-            (default glorot-uniform, as the reference); per member.
-        members: `None` (one MLP) or the ensemble size `K`.
-        norm: `"layer"` (LayerNorm with scale and centre, the reference) or
-            `"rms"` (RMSNorm with a scale, the official 2024 code).
-        norm_epsilon: the norm's epsilon (1e-3 in the reference, 1e-4 in
-            the official 2024 code).
-        use_bias: give the hidden Dense layers a bias (the official 2024
-            code does; the reference does not).
-        **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
+        **kwargs: the shared options, as `Trunk` (`model_size` giving the
+            number and width of the hidden layers, `kernel_initializer`,
+            `members`, `norm`, ...), and `keras.layers.Layer`'s (`name`,
+            `dtype`, ...).
 
     Call arguments:
         inputs: float tensor `[..., input_dim]` (with members, shared by all
@@ -195,43 +265,16 @@ class MLP(FixedOptions, keras.layers.Layer):
         arXiv 2301.04104; RLlib's `dreamerv3/tf/models/components/mlp.py`.
     """
 
-    def __init__(
-        self,
-        *,
-        model_size: Optional[str] = "XS",
-        num_dense_layers: Optional[int] = None,
-        dense_hidden_units: Optional[int] = None,
-        output_layer_size: Optional[int] = None,
-        kernel_initializer="glorot_uniform",
-        members: Optional[int] = None,
-        norm: str = "layer",
-        norm_epsilon: float = 1e-3,
-        use_bias: bool = False,
-        **kwargs,
-    ):
+    def __init__(self, *, output_layer_size: Optional[int] = None, **kwargs):
         super().__init__(**kwargs)
-        if norm not in NORMS:
-            raise ValueError(f"norm: got {norm!r}, expected one of {list(NORMS)}.")
-        norm_epsilon = number("norm_epsilon", norm_epsilon, low=0.0, low_open=True)
-        if not isinstance(use_bias, (bool, np.bool_)):
-            raise ValueError(f"use_bias: got {use_bias!r}, expected True or False.")
-        dims = trunk_dims(model_size, num_dense_layers, dense_hidden_units)
         if output_layer_size is not None and (int(output_layer_size) != output_layer_size or output_layer_size < 1):
             raise ValueError(f"output_layer_size: got {output_layer_size!r}, expected a positive integer or None.")
-        if members is not None and (isinstance(members, bool) or int(members) != members or members < 1):
-            raise ValueError(f"members: got {members!r}, expected a positive integer or None.")
-        self.model_size = model_size
-        self.num_dense_layers = dims["num_dense_layers"]
-        self.dense_hidden_units = dims["dense_hidden_units"]
         self.output_layer_size = output_layer_size
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.members = None if members is None else int(members)
-        self.norm = norm
-        self.norm_epsilon = float(norm_epsilon)
-        self.use_bias = bool(use_bias)
         self._float16 = self.compute_dtype == "float16"
 
-        self.dense_layers = [
+        # Tuples: Keras keeps a list as its TrackedList, which Flax NNX's graph (Keras's NNX mode) does not enter,
+        # so `nnx.grad` would miss these layers' weights. Keras saves a tuple's layers as a list's.
+        self.dense_layers = tuple(
             dense_layer(
                 self.dense_hidden_units,
                 members=self.members,
@@ -242,17 +285,17 @@ class MLP(FixedOptions, keras.layers.Layer):
                 name=f"dense_{i}",
             )
             for i in range(self.num_dense_layers)
-        ]
-        self.layer_normalizations = [
+        )
+        self.layer_normalizations = tuple(
             LayerNormalization(
                 epsilon=self.norm_epsilon,
                 members=self.members,
-                rms=norm == "rms",
+                rms=self.norm == "rms",
                 dtype=self.dtype_policy,
                 name=f"layer_norm_{i}",
             )
             for i in range(self.num_dense_layers)
-        ]
+        )
         self.output_layer = None
         if output_layer_size:
             self.output_layer = dense_layer(
@@ -285,7 +328,7 @@ class MLP(FixedOptions, keras.layers.Layer):
         outputs (and a finite one finite outputs)."""
         return (
             self._float16
-            or not self.dense_layers
+            or len(self.dense_layers) == 0  # (a len: PyTorch's Dynamo breaks its graph on a tuple's truth value)
             or getattr(self.dense_layers[0], "quantization_mode", None) is not None
         )
 
@@ -346,17 +389,5 @@ class MLP(FixedOptions, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "model_size": self.model_size,
-                "num_dense_layers": self.num_dense_layers,
-                "dense_hidden_units": self.dense_hidden_units,
-                "output_layer_size": self.output_layer_size,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "members": self.members,
-                "norm": self.norm,
-                "norm_epsilon": self.norm_epsilon,
-                "use_bias": self.use_bias,
-            }
-        )
+        config["output_layer_size"] = self.output_layer_size
         return config

@@ -143,8 +143,11 @@ def critic_loss(
         diagnostics: `False` returns `total` alone: the other entries are
             reductions of their own, kernels a step pays for unless asked.
 
+    The arrays may be the backend's tensors, numpy arrays, or another framework's arrays (`__dlpack__`: JAX,
+    PyTorch, TensorFlow), which give what the same data as numpy gives (`multicritic.backend.foreign`).
+
     Returns:
-        A dict of float32 scalars: `total`; the unweighted means `value_nll`
+        A dict of float32 scalars (the backend's tensors): `total`; the unweighted means `value_nll`
         and `ema_regularizer`; `clipped_fraction`, the fraction of targets
         outside the bucket range; `nonfinite_targets`, the number of
         positions dropped for non-finite targets.
@@ -177,9 +180,15 @@ def critic_loss(
         raise ValueError(
             "ema_logits: got None, expected [..., num_buckets] logits with ema_regularizer='distribution'."
         )
-    tensors = [logits, value_targets, ema_value_symlog, loss_weights, ema_logits]
+    named = {
+        "logits": logits,
+        "value_targets": value_targets,
+        "ema_value_symlog": ema_value_symlog,
+        "loss_weights": loss_weights,
+        "ema_logits": ema_logits,
+    }
     logits, value_targets, ema_value_symlog, loss_weights, ema_logits = (
-        None if x is None else as_float32(x) for x in tensors
+        None if x is None else as_float32(x, name) for name, x in named.items()
     )
     width = head.units
     # sheeprl and NM512 keep a trailing 1 on targets and weights ([T, N, 1] against logits [T, N, U]).
@@ -201,6 +210,11 @@ def critic_loss(
         ema_value_symlog = ops.where(finite, ema_value_symlog, 0.0)
     value_targets = ops.where(finite, value_targets, 0.0)
     keep = ops.cast(finite, "float32")
+    # A head whose state follows the targets (`AdaptiveSupportHead`'s support) sees the ones that count: inside a
+    # trainer's step it gives its new state to the step (`multicritic.layers.part_hooks`); elsewhere it does nothing.
+    observe = getattr(head, "observe_targets", None)
+    if observe is not None:
+        observe(value_targets, ops.logical_and(finite, loss_weights > 0.0))
 
     per_position, value_nll, ema_reg = head.weighted_position_losses(
         logits,

@@ -61,8 +61,9 @@ class CompiledForward:
             `training=False` (what `predict_on_batch` calls).
 
     Call arguments:
-        *inputs: the model's inputs, positional: arrays or the backend's
-            tensors.
+        *inputs: the model's inputs, positional: arrays, the backend's
+            tensors, or another framework's arrays (DLPack; the values the
+            same data gives as numpy: `multicritic.backend.foreign`).
 
     Returns:
         What `model(*inputs, training=False)` returns, as the backend's

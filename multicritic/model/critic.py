@@ -12,20 +12,25 @@ from multicritic import heads, trunks
 from multicritic.backend import contract as backend_lib
 from multicritic.files.methods import FileMethods
 from multicritic.math import ema as ema_lib
+from multicritic.model import inputs as inputs_lib
 from multicritic.model import members
 from multicritic.model.views import ModuleViews
 from multicritic.model.options import (  # noqa: F401  (the critic's option names, also read from here)
     AGGREGATIONS,
+    FEATURES,
     INPUT_LAYOUTS,
     TRAINING_OPTIONS,
+    call_inputs,
     check_ensemble_fits,
     check_ensemble_options,
     check_options,
+    latent_size,
     upgrade_config,
 )
 from multicritic.training.fit import KerasTraining
+from multicritic.layers import part_hooks
 from multicritic.layers.dispatch import call_layer
-from multicritic.validation import FixedOptions, cast_to, compatible, fmt, h_z_pair, real_tensor, static_shape
+from multicritic.validation import FixedOptions, cast_to, real_tensor, static_shape
 
 
 # What `on_latent` returns: both outputs, or one of them.
@@ -46,7 +51,8 @@ class _OnLatent:
 class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras.Model):
     """The DreamerV3 critic: a distributional value network plus its EMA copy, optionally an ensemble.
 
-    The state `x = concat([h, flatten(z)])` (or z first: `input_layout`) goes through a trunk
+    The state `x = concat([h, flatten(z)])` (or z first: `input_layout`; or, for a model-free agent, one
+    flat feature vector `x`: `input_size`) goes through a trunk
     (`trunk="mlp"`: an `MLP`; see `multicritic.trunks`) and a value head
     (`head="two_hot"`: a `TwoHotHead` with 255 buckets over symlog returns,
     zero-initialised; see `multicritic.heads` for the others). A second, structurally identical network (`mlp_ema`,
@@ -117,6 +123,13 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         input_layout: the order of the MLP's input: `"h_z"`
             (`concat([h, flatten(z)])`, RLlib, TorchRL and the official
             code) or `"z_h"` (sheeprl, NM512); see `multicritic.interop`.
+            Or `"features"`: one flat input `x` (a model-free agent's
+            observation, any backbone's features), no `(h, z)`. `None`
+            (default): `"features"` when `input_size` is given, else `"h_z"`.
+        input_size: a features critic's input width `D` (its call takes
+            `x [..., D]`; `gru_units` and the `z` sizes are not given then);
+            with `input_layout="features"` and `None`, taken from the first
+            call. `model_size` still picks the trunk's sizes.
         **kwargs: passed to `keras.Model` (`name`, `dtype`, ...).
 
     Call arguments:
@@ -124,10 +137,16 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
             any leading dims, kept in the outputs).
         z: stochastic categorical state `[B, num_z_categoricals, num_z_classes]`.
             `critic.on_latent(latent)` takes the two as one flat latent.
+        x: a features critic's one input `[..., input_size]` (in place of
+            `h` and `z`: `critic(x)`, `critic(x, use_ema=True)`).
         use_ema: Python bool; run the EMA copy instead of the fast critic.
 
+        The inputs may be numpy arrays, the backend's tensors or another framework's arrays (JAX, PyTorch,
+        TensorFlow, anything with `__dlpack__`: imported by DLPack, the values numpy's give; see
+        `multicritic.backend.foreign`), in `critic(...)`, `stateless_call` and `on_latent` alike.
+
     Returns:
-        `(value_symlog, logits)`: expected value in symlog space `[B]`
+        The backend's own tensors. `(value_symlog, logits)`: expected value in symlog space `[B]`
         (apply `inverse_symlog` for real returns) and float32 logits
         `[B, units]` (the head's width: `num_buckets` for the bucket heads);
         with an ensemble `[K, B]` and `[K, B, units]`.
@@ -142,6 +161,10 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         >>> values, _ = ensemble(np.zeros((8, 256), "float32"), np.zeros((8, 32, 32), "float32"))
         >>> values.shape, ensemble.aggregate(values, seed=0).shape
         ((5, 8), (8,))
+        >>> features = CriticNetwork(input_size=17, model_size="S")  # a model-free agent's observations
+        >>> value, logits = features(np.zeros((8, 17), "float32"))
+        >>> value.shape
+        (8,)
 
     Reference:
         Hafner et al., "Mastering Diverse Domains through World Models",
@@ -175,7 +198,8 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         norm_epsilon: float = 1e-3,
         use_bias: bool = False,
         kernel_initializer="glorot_uniform",
-        input_layout: str = "h_z",
+        input_layout: Optional[str] = None,
+        input_size: Optional[int] = None,
         **kwargs,
     ):
         dims, (head_class, head_options), (trunk_class, trunk_options), kernel_initializer = check_options(
@@ -202,6 +226,7 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
             use_bias=use_bias,
             kernel_initializer=kernel_initializer,
             input_layout=input_layout,
+            input_size=input_size,
         )
         kwargs.setdefault("name", "critic")
         backend_lib.current()  # imported now, not first inside a host's torch.compile (a graph break)
@@ -224,7 +249,8 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         self.norm_epsilon = float(norm_epsilon)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.input_layout = input_layout
+        self.input_layout = dims["input_layout"]
+        self.input_size = dims["input_size"]
         members = None if self.ensemble_size == 1 else self.ensemble_size
 
         def mlp(name):
@@ -261,11 +287,9 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         # The parts' registered names; the parts themselves, with their options, are `return_layer` and `mlp`.
         self.head = heads.HEADS.name_of(self.return_layer)
         self.trunk = trunks.TRUNKS.name_of(self.mlp)
-        if None not in (self.gru_units, self.num_z_categoricals, self.num_z_classes):
-            self.build(
-                (None, self.gru_units),
-                (None, self.num_z_categoricals, self.num_z_classes),
-            )
+        shapes = self.input_row_shapes()
+        if not any(None in shape for shape in shapes.values()):
+            self.build(*[(None,) + shape for shape in shapes.values()])
 
     # One critic: no reward streams (`multicritic.protocols.CriticLike`).
     stream_names = None
@@ -298,29 +322,27 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
             if layer is not None:
                 layer.trainable = False
 
-    def check_inputs(self, h_shape, z_shape):
-        h_shape, z_shape = static_shape(h_shape), static_shape(z_shape)
-        want_h = (None, self.gru_units)
-        want_z = (None, self.num_z_categoricals, self.num_z_classes)
+    def input_row_shapes(self) -> Dict[str, Tuple[Optional[int], ...]]:
+        """The critic's inputs by name, in call order, each with one row's shape (see
+        `multicritic.model.inputs.row_shapes`): `{"h": ..., "z": ...}`, or a features critic's `{"x": ...}`."""
+        return inputs_lib.row_shapes(self)
 
-        if len(h_shape) != 2 or (self.gru_units is not None and h_shape[1] != self.gru_units):
-            raise ValueError(f"h: got shape {list(h_shape)}, expected {fmt(want_h, 'B')} (gru_units={self.gru_units}).")
-        if len(z_shape) != 3 or any(w is not None and d != w for d, w in zip(z_shape[1:], want_z[1:])):
-            raise ValueError(
-                f"z: got shape {list(z_shape)}, expected {fmt(want_z, 'B')} "
-                f"(num_z_categoricals={self.num_z_categoricals}, num_z_classes={self.num_z_classes})."
-            )
-        if h_shape[0] is not None and z_shape[0] is not None and h_shape[0] != z_shape[0]:
-            raise ValueError(
-                f"h, z: batch sizes differ: h has shape {list(h_shape)}, z has shape {list(z_shape)}; "
-                "expected the same leading dimension B."
-            )
+    def check_inputs(self, h_shape, z_shape=None):
+        """A `ValueError` naming the input unless shapes `h [B, gru_units]` and `z [B, cats, classes]` (a
+        features critic: one shape, `x [B, input_size]`) are what the network takes."""
+        inputs_lib.check(self, h_shape, z_shape)
 
-    def build(self, h_shape, z_shape):
+    def build(self, h_shape, z_shape=None):
         self.check_inputs(h_shape, z_shape)
+        if self.built:  # (built when its sizes were given: a second build only checks the shapes)
+            return
+        if self.input_layout == FEATURES:
+            sizes = {"input_size": h_shape[-1]}
+        else:
+            sizes = {"gru_units": h_shape[-1], "num_z_categoricals": z_shape[-2], "num_z_classes": z_shape[-1]}
         check_ensemble_fits(
             self.ensemble_size,
-            latent_size=int(h_shape[-1]) + int(z_shape[-2]) * int(z_shape[-1]),
+            latent_size=latent_size(dict(sizes, input_layout=self.input_layout)),
             num_dense_layers=self.num_dense_layers,
             dense_hidden_units=self.dense_hidden_units,
             output_units=self.return_layer.units,
@@ -328,11 +350,7 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
             norm=self.norm,
         )
         # The input sizes, from the first call where they were left out (past the options' lock).
-        for name, size in (
-            ("gru_units", h_shape[-1]),
-            ("num_z_categoricals", z_shape[-2]),
-            ("num_z_classes", z_shape[-1]),
-        ):
+        for name, size in sizes.items():
             object.__setattr__(self, name, int(size))
         in_shape = (None, self.latent_size)
         for mlp, head in ((self.mlp, self.return_layer), (self.mlp_ema, self.return_layer_ema)):
@@ -344,7 +362,7 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         self.init_ema()
 
     def __call__(self, h, z=None, *args, **kwargs):
-        h, z = h_z_pair(h, z)
+        inputs = call_inputs(self.input_layout, h, z)
         if not args and set(kwargs) <= {"use_ema"} and isinstance(kwargs.get("use_ema", False), (bool, np.bool_)):
             use_ema = bool(kwargs.get("use_ema", False))  # numpy's bool too: the same pass as Python's
             return backend_lib.current().replay(
@@ -352,90 +370,72 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
                 self._variables,
                 ("call", use_ema),
                 self._call_ema if use_ema else self._call_fast,
-                (h, z),
+                inputs,
             )
-        return self._keras_call(h, z, *args, **kwargs)
+        return self._keras_call(inputs, *args, **kwargs)
 
     def _variables(self):
         return self.weights
 
-    def _call_fast(self, h, z):
-        return self._keras_call(h, z)
+    def _call_fast(self, *inputs):
+        return self._keras_call(inputs)
 
-    def _call_ema(self, h, z):
-        return self._keras_call(h, z, use_ema=True)
+    def _call_ema(self, *inputs):
+        return self._keras_call(inputs, use_ema=True)
 
-    def _keras_call(self, h, z, *args, **kwargs):
+    def _call_form(self) -> str:
+        if self.input_layout == FEATURES:
+            return "critic(x) or critic(x, use_ema=True or False)"
+        return "critic(h, z) or critic(h, z, use_ema=True or False)"
+
+    def _keras_call(self, inputs, *args, **kwargs):
         # Before Keras's own checks, which refuse lists and name no argument.
         unknown = sorted(set(kwargs) - {"use_ema", "training", "mask"})
         if unknown:
-            raise ValueError(
-                f"{unknown[0]}: not an argument of the critic's call, expected critic(h, z) or "
-                "critic(h, z, use_ema=True or False)."
-            )
+            raise ValueError(f"{unknown[0]}: not an argument of the critic's call, expected {self._call_form()}.")
         if not isinstance(kwargs.get("use_ema", False), (bool, np.bool_)):
             raise ValueError(f"use_ema: got {kwargs['use_ema']!r}, expected True or False.")
-        dtype = self.compute_dtype
-        h, z = real_tensor("h", h, dtype), real_tensor("z", z, dtype)
-        lead = self._leading_dims(h, z)
+        if args and self.input_layout == FEATURES:
+            # (A features critic's second positional argument is `call`'s `z`.)
+            raise ValueError(f"args: got {len(args)} more positional argument(s), expected {self._call_form()}.")
+        inputs = self._real_inputs(inputs)
+        lead = inputs_lib.leading_dims(self, inputs)
         if lead is None:
-            return super().__call__(h, z, *args, **kwargs)
+            return super().__call__(*inputs, *args, **kwargs)
         # Leading dims ([T, B, ...]): one flat batch through the network, then the host's shape back.
-        flat = super().__call__(
-            ops.reshape(h, (-1, h.shape[-1])), ops.reshape(z, (-1,) + tuple(z.shape[-2:])), *args, **kwargs
-        )
-        return self._unflatten(flat, lead)
+        return inputs_lib.unflatten(self, super().__call__(*inputs_lib.flatten(self, inputs), *args, **kwargs), lead)
 
-    def _unflatten(self, outputs, lead):
-        """`(value [N] or [K, N], logits [..., N, U])` back to the leading dims `lead` of the inputs."""
-        value, logits = outputs
-        members = () if self.ensemble_size == 1 else (self.ensemble_size,)
-        return (
-            ops.reshape(value, members + tuple(lead)),
-            ops.reshape(logits, members + tuple(lead) + (logits.shape[-1],)),
-        )
+    def _real_inputs(self, inputs):
+        return tuple(real_tensor(name, x, self.compute_dtype) for name, x in zip(self.input_row_shapes(), inputs))
 
     def stateless_call(self, trainable_variables, non_trainable_variables, h, z=None, *args, **kwargs):
         """Keras's `stateless_call` (the pass over the given variables' values; nothing assigned), taking what
-        `critic(h, z)` takes: `h [..., gru_units]` and `z [..., num_z_categoricals, num_z_classes]` with any
-        leading dims (`[T, B, ...]`), kept in the outputs as `critic(h, z)` keeps them."""
-        h, z = h_z_pair(h, z)
-        h, z = real_tensor("h", h, self.compute_dtype), real_tensor("z", z, self.compute_dtype)
-        lead = self._leading_dims(h, z)
+        `critic(h, z)` takes: `h [..., gru_units]` and `z [..., num_z_categoricals, num_z_classes]` (a features
+        critic: `x [..., input_size]` alone) with any leading dims (`[T, B, ...]`), kept in the outputs as
+        `critic(h, z)` keeps them."""
+        inputs = self._real_inputs(call_inputs(self.input_layout, h, z))
+        if args and self.input_layout == FEATURES:
+            raise ValueError(f"args: got {len(args)} more positional argument(s), expected {self._call_form()}.")
+        lead = inputs_lib.leading_dims(self, inputs)
         if lead is None:
-            return super().stateless_call(trainable_variables, non_trainable_variables, h, z, *args, **kwargs)
+            return super().stateless_call(trainable_variables, non_trainable_variables, *inputs, *args, **kwargs)
         # Keras's `stateless_call` runs `call`, which takes one batch axis: flattened as `critic(h, z)` flattens.
-        h_flat, z_flat = ops.reshape(h, (-1, h.shape[-1])), ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
         outputs, *state = super().stateless_call(
-            trainable_variables, non_trainable_variables, h_flat, z_flat, *args, **kwargs
+            trainable_variables, non_trainable_variables, *inputs_lib.flatten(self, inputs), *args, **kwargs
         )
-        return (self._unflatten(outputs, lead), *state)
-
-    def _leading_dims(self, h, z):
-        """The leading dims of `h [..., gru_units]` and `z [..., num_z_categoricals, num_z_classes]`, checked as
-        `critic(h, z)` checks them; None for inputs with one batch axis or fewer (the network's own checks)."""
-        if len(h.shape) <= 2 or len(z.shape) <= 3:
-            return None
-        lead = static_shape(h.shape)[:-1]
-        if len(z.shape) != len(h.shape) + 1 or not compatible(static_shape(z.shape)[:-2], lead):
-            raise ValueError(
-                f"h, z: got shapes {list(static_shape(h.shape))} and {list(static_shape(z.shape))}; expected h [..., "
-                f"gru_units={self.gru_units}] and z [..., num_z_categoricals={self.num_z_categoricals}, "
-                f"num_z_classes={self.num_z_classes}] with the same leading dimensions."
-            )
-        self.check_inputs((None,) + static_shape(h.shape)[-1:], (None,) + static_shape(z.shape)[-2:])
-        return ops.shape(h)[:-1]
+        return (inputs_lib.unflatten(self, outputs, lead), *state)
 
     @property
     def latent_size(self) -> Optional[int]:
-        """The width of one flat latent, `gru_units + num_z_categoricals * num_z_classes`."""
-        if None in (self.gru_units, self.num_z_categoricals, self.num_z_classes):
-            return None
-        return self.gru_units + self.num_z_categoricals * self.num_z_classes
+        """The width of one flat latent, `gru_units + num_z_categoricals * num_z_classes` (a features critic:
+        `input_size`); None before the sizes are known."""
+        sizes = ("input_layout", "input_size", "gru_units", "num_z_categoricals", "num_z_classes")
+        return latent_size({name: getattr(self, name) for name in sizes}) or None
 
     def on_latent(self, latent, use_ema=False, outputs="both"):
         """The critic on one flat latent `[..., latent_size]`, as sheeprl, NM512, TorchRL and the official code
-        pass it: `h` then `flatten(z)` (`input_layout="h_z"`) or `flatten(z)` then `h` (`"z_h"`).
+        pass it: `h` then `flatten(z)` (`input_layout="h_z"`) or `flatten(z)` then `h` (`"z_h"`); a features
+        critic's latent is its `x`.
 
         Any leading dims (`[T, B, D]`, `[D]`); returns `(value_symlog [...], logits [..., num_buckets])`
         (an ensemble: `[K, ...]`, `[K, ..., num_buckets]`), or with `outputs="logits"` / `"value"` that one
@@ -458,17 +458,10 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         if not self.built:
             raise ValueError("on_latent: the critic has no variables yet; call it once or give its input sizes first.")
         latent = real_tensor("latent", latent, self.compute_dtype)
-        shape = static_shape(latent.shape)
-        if len(shape) < 1 or shape[-1] not in (None, self.latent_size):
-            order = "h, flatten(z)" if self.input_layout == "h_z" else "flatten(z), h"
-            raise ValueError(
-                f"latent: got shape {list(shape)}, expected [..., {self.latent_size}] ({order}: gru_units="
-                f"{self.gru_units} + num_z_categoricals * num_z_classes = {self.num_z_categoricals} * "
-                f"{self.num_z_classes})."
-            )
+        inputs_lib.check_latent(self, static_shape(latent.shape))
         with backend_lib.current().device_scope(latent):
             x = ops.cast(ops.reshape(latent, (-1, self.latent_size)), self.compute_dtype)
-            value, logits = self._unflatten(self._forward(x, use_ema), ops.shape(latent)[:-1])
+            value, logits = inputs_lib.unflatten(self, self._forward(x, use_ema), ops.shape(latent)[:-1])
         return {"both": (value, logits), "logits": logits, "value": value}[outputs]
 
     def decode(self, logits):
@@ -476,21 +469,43 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
         bucket heads), e.g. of a target critic's logits."""
         return self.return_layer.decode(logits)
 
-    def call(self, h, z=None, use_ema=False):
-        h, z = h_z_pair(h, z)
+    def call(self, h, z=None, use_ema=False, training=None):
+        if self.input_layout == FEATURES:
+            (x,) = call_inputs(self.input_layout, h, z)
+            x = cast_to(x, self.compute_dtype)
+            self.check_inputs(x.shape)
+            return self._forward(x, use_ema, training)
+        h, z = call_inputs(self.input_layout, h, z)
         h = cast_to(h, self.compute_dtype)
         self.check_inputs(h.shape, z.shape)
         z = ops.reshape(cast_to(z, self.compute_dtype), (-1, self.num_z_categoricals * self.num_z_classes))
         # The parts in the latent's order, not concatenated: the first Dense takes each by its rows.
-        return self._forward([h, z] if self.input_layout == "h_z" else [z, h], use_ema)
+        return self._forward([h, z] if self.input_layout == "h_z" else [z, h], use_ema, training)
 
-    def _forward(self, x, use_ema):
+    def _forward(self, x, use_ema, training=None):
         mlp, head = (self.mlp_ema, self.return_layer_ema) if use_ema else (self.mlp, self.return_layer)
-        return call_layer(head, call_layer(mlp, x))
+        # `training` reaches the parts that normalise by the batch (`multicritic.layers.part_hooks`) only.
+        for part in (mlp, head):
+            kwargs = {"training": training} if training is not None and part_hooks.uses_batch_statistics(part) else {}
+            x = call_layer(part, x, **kwargs)
+        return x
+
+    def after_update(self) -> None:
+        """The parts' hook after an optimizer update (`multicritic.layers.part_hooks`): SimbaV2's and XQC's
+        trunks project their kernels back onto the unit sphere. The trainer's steps call it after every
+        update; a host training the critic with its own optimizer calls it after each of its updates (before
+        `update_ema`). Assigns through `Variable.assign` (inside JAX's `StatelessScope` too)."""
+        for fast, slow in ((self.mlp, self.mlp_ema), (self.return_layer, self.return_layer_ema)):
+            part_hooks.after_update(fast, slow)
 
     def compute_output_shape(self, h_shape, z_shape=None):
-        lead = (h_shape[0],) if self.ensemble_size == 1 else (self.ensemble_size, h_shape[0])
+        lead = tuple(h_shape[:-1]) if self.ensemble_size == 1 else (self.ensemble_size,) + tuple(h_shape[:-1])
         return lead, lead + (self.return_layer.units,)
+
+    def compute_output_spec(self, h, z=None, use_ema=False):
+        # Both outputs are the head's, float32 under every policy: symbolically as eagerly.
+        shapes = self.compute_output_shape(call_inputs(self.input_layout, h, z)[0].shape)
+        return tuple(keras.KerasTensor(shape, dtype="float32") for shape in shapes)
 
     # ------------------------------------------------------------------
     # Ensembles.
@@ -580,6 +595,7 @@ class CriticNetwork(FixedOptions, FileMethods, ModuleViews, KerasTraining, keras
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "input_layout": self.input_layout,
+                "input_size": self.input_size,
             }
         )
         return config

@@ -8,9 +8,10 @@ from typing import Dict, List, Mapping, Optional
 import keras
 
 from multicritic.model.critic import TRAINING_OPTIONS, CriticNetwork
+from multicritic.model.options import call_inputs
 from multicritic.training.fit import KerasTraining
 from multicritic.model.normalizer import IMPLS, ReturnNormalizer
-from multicritic.validation import h_z_pair, number
+from multicritic.validation import number
 
 # What a critic given as a dict may hold: `CriticNetwork`'s options, what its `get_config()` writes, and the
 # training options older configs hold.
@@ -37,15 +38,16 @@ class MultiCritic(KerasTraining, keras.Model):
 
     Args:
         critics: `{stream: CriticNetwork or its config dict}` (the critics
-            must share their input sizes; a config builds a critic named
-            after its stream).
+            must share their inputs: all `(h, z)` critics of one size, or all
+            features critics of one `input_size`; a config builds a critic
+            named after its stream).
         stream_weights: `{stream: loss weight >= 0}` (default 1 each).
         normalizers: `{stream: "perc_ema" | "none" | ReturnNormalizer |
             config}` (default `"perc_ema"` each).
         **kwargs: passed to `keras.Model`.
 
     Call arguments:
-        h, z, use_ema: as `CriticNetwork`.
+        h, z, use_ema: as `CriticNetwork` (features critics: `x`, `use_ema`).
 
     Returns:
         `{stream: (value_symlog, logits)}`.
@@ -91,9 +93,12 @@ class MultiCritic(KerasTraining, keras.Model):
         names = [c.name for c in built.values()]
         if len(set(names)) != len(names):
             raise ValueError(f"critics: got critics named {names}, expected distinct names (their variables' paths).")
-        sizes = {(c.gru_units, c.num_z_categoricals, c.num_z_classes) for c in built.values()}
-        if len(sizes) != 1 or None in next(iter(sizes)):
-            raise ValueError(f"critics: got input sizes {sorted(map(str, sizes))}, expected built critics of one size.")
+        sizes = {tuple(c.input_row_shapes().items()) for c in built.values()}
+        if len(sizes) != 1 or any(None in row for _, row in next(iter(sizes))):
+            raise ValueError(
+                f"critics: got input sizes {sorted(str(dict(s)) for s in sizes)}, expected built critics of one size "
+                "(and one kind: (h, z) or features)."
+            )
         for what, given in (("stream_weights", stream_weights), ("normalizers", normalizers)):
             if given is not None and not isinstance(given, Mapping):
                 raise ValueError(f"{what}: got a {type(given).__name__}, expected a dict {{stream: value}} or None.")
@@ -160,12 +165,26 @@ class MultiCritic(KerasTraining, keras.Model):
     def num_z_classes(self):
         return self._first.num_z_classes
 
-    def check_inputs(self, h_shape, z_shape):
+    @property
+    def input_layout(self):
+        return self._first.input_layout
+
+    @property
+    def input_size(self):
+        return self._first.input_size
+
+    def input_row_shapes(self):
+        """The streams' inputs (the same for every stream; see `CriticNetwork.input_row_shapes`)."""
+        return self._first.input_row_shapes()
+
+    def check_inputs(self, h_shape, z_shape=None):
         self._first.check_inputs(h_shape, z_shape)
 
-    def call(self, h, z=None, use_ema=False):
-        h, z = h_z_pair(h, z)
-        return {s: self.critics[s](h, z, use_ema=use_ema) for s in self.stream_names}
+    def call(self, h, z=None, use_ema=False, training=None):
+        inputs = call_inputs(self.input_layout, h, z)
+        # `training` only where given (a training step's passes, for parts that normalise by the batch).
+        kwargs = {} if training is None else {"training": training}
+        return {s: self.critics[s](*inputs, use_ema=use_ema, **kwargs) for s in self.stream_names}
 
     @property
     def fast_weights(self):

@@ -16,12 +16,16 @@ import keras
 from multicritic import heads, trunks
 from multicritic.layers.mlp import NORMS
 from multicritic.model.sizes import get_model_dims
-from multicritic.validation import integer, number
+from multicritic.validation import h_z_pair, integer, number
 
 AGGREGATIONS = ("mean", "min", "min_of_random", "members")
-# The order of the two parts of the state: RLlib, TorchRL and the official code concatenate h first;
-# sheeprl and NM512 put the flattened z first.
-INPUT_LAYOUTS = ("h_z", "z_h")
+# What the trunk takes. A world model's state in two parts: RLlib, TorchRL and the official code concatenate h
+# first, sheeprl and NM512 put the flattened z first. Or one flat feature vector (a model-free agent's
+# observation, any backbone's embedding): `FEATURES`.
+FEATURES = "features"
+INPUT_LAYOUTS = ("h_z", "z_h", FEATURES)
+# The sizes of `(h, z)`, which a features critic has none of.
+LATENT_SIZES = ("gru_units", "num_z_categoricals", "num_z_classes")
 # Options that moved to `CriticTrainer` (they say how the critic is trained).
 TRAINING_OPTIONS = ("ema_update_period", "ema_regularizer_weight", "ema_regularizer", "ema_targets")
 
@@ -38,6 +42,7 @@ _ADDED_OPTIONS = {
     "use_bias": False,
     "kernel_initializer": "glorot_uniform",
     "input_layout": "h_z",
+    "input_size": None,
 }
 
 
@@ -60,6 +65,8 @@ def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
     """
     training = {k: config[k] for k in TRAINING_OPTIONS if k in config}
     config = {k: v for k, v in config.items() if k not in TRAINING_OPTIONS}
+    if "input_layout" not in config:  # (an input_size given alone is a features critic's)
+        config["input_layout"] = FEATURES if config.get("input_size") is not None else "h_z"
     for key, value in _ADDED_OPTIONS.items():
         config.setdefault(key, value)
     # 0.1.0 named the head and kept HL-Gauss's sigma beside it; the parts' specs now carry their options.
@@ -75,6 +82,58 @@ def upgrade_config(config: Dict) -> Tuple[Dict, Dict]:
         if None not in (dims["num_dense_layers"], dims["dense_hidden_units"]):
             config["trunk"] = trunks.TRUNKS.canonical(config["trunk"], trunk_options_of(config))
     return config, training
+
+
+def resolve_input(input_layout, input_size, **latent_sizes) -> Tuple[str, Optional[int]]:
+    """`(input_layout, input_size)` as the critic keeps them, else a `ValueError` naming the option.
+
+    `input_layout=None` is `"features"` when `input_size` is given, else `"h_z"`. A features critic takes one
+    input `x [..., input_size]` (`input_size=None`: its size from the first call) and none of `latent_sizes`
+    (`gru_units`, `num_z_categoricals`, `num_z_classes`); an `(h, z)` critic no `input_size`.
+    """
+    if input_size is not None:
+        input_size = integer("input_size", input_size)
+    if input_layout is None:
+        input_layout = FEATURES if input_size is not None else "h_z"
+    if not isinstance(input_layout, str) or input_layout not in INPUT_LAYOUTS:
+        raise ValueError(f"input_layout: got {input_layout!r}, expected one of {list(INPUT_LAYOUTS)} or None.")
+    if input_layout != FEATURES and input_size is not None:
+        raise ValueError(
+            f"input_size: got {input_size!r} with input_layout={input_layout!r}, expected None: an (h, z) critic's "
+            "input sizes are gru_units, num_z_categoricals and num_z_classes (input_layout='features', or None, "
+            "for a critic of one feature vector x [..., input_size])."
+        )
+    if input_layout == FEATURES:
+        for name, value in latent_sizes.items():
+            if value is not None:
+                raise ValueError(
+                    f"{name}: got {value!r} for a features critic (input_layout='features'), expected None: its one "
+                    "input is x [..., input_size]; give its size as input_size."
+                )
+    return input_layout, input_size
+
+
+def call_inputs(input_layout: str, h, z) -> Tuple:
+    """A critic's call arguments as the tuple of its inputs: `(h, z)` (from two arguments, or one `(h, z)` pair:
+    Keras's `predict` passes `x` as one argument), or a features critic's `(x,)`, which takes no `z`."""
+    if input_layout != FEATURES:
+        return h_z_pair(h, z)
+    if z is not None:
+        got = repr(z) if isinstance(z, (bool, int, float, str)) else f"a {type(z).__name__}"
+        raise ValueError(
+            f"z: got {got}, expected none: a features critic (input_layout='features') takes one input, "
+            "critic(x) with x [..., input_size] (use_ema by keyword: critic(x, use_ema=True))."
+        )
+    return (h,)
+
+
+def latent_size(dims: Dict) -> int:
+    """The width of the trunk's input for the sizes `dims` (a critic, its config or `check_options`'s dims);
+    0 where a size is not known yet."""
+    if dims.get("input_layout") == FEATURES:
+        return int(dims.get("input_size") or 0)
+    sizes = [dims.get(key) for key in LATENT_SIZES]
+    return 0 if None in sizes else sizes[0] + sizes[1] * sizes[2]
 
 
 def _machine_memory() -> Optional[int]:
@@ -150,13 +209,15 @@ def check_options(
     use_bias,
     kernel_initializer,
     input_layout,
+    input_size=None,
 ):
     """Checks `CriticNetwork`'s arguments (and refuses the training options in Keras's `kwargs`).
 
     Returns:
         `(dims, (head_class, head_options), (trunk_class, trunk_options), kernel_initializer)`: the sizes
-        `get_model_dims` resolves, each part's class and own options (see `multicritic.registry`), and the
-        Keras initializer.
+        `get_model_dims` resolves (a features critic's `(h, z)` sizes None) with the input's own,
+        `input_layout` (resolved, see `resolve_input`) and `input_size`; each part's class and own options
+        (see `multicritic.registry`), and the Keras initializer.
     """
     moved = [k for k in TRAINING_OPTIONS if k in kwargs]
     if moved:
@@ -164,6 +225,13 @@ def check_options(
             f"{moved[0]}: a training option, now given to CriticTrainer (CriticTrainer(critic, {moved[0]}=...)), "
             "not to the critic."
         )
+    input_layout, input_size = resolve_input(
+        input_layout,
+        input_size,
+        gru_units=gru_units,
+        num_z_categoricals=num_z_categoricals,
+        num_z_classes=num_z_classes,
+    )
     dims = get_model_dims(
         model_size,
         gru_units=gru_units,
@@ -172,6 +240,9 @@ def check_options(
         num_z_categoricals=num_z_categoricals,
         num_z_classes=num_z_classes,
     )
+    if input_layout == FEATURES:
+        dims.update(dict.fromkeys(LATENT_SIZES))
+    dims.update(input_layout=input_layout, input_size=input_size)
     if hl_gauss_sigma is not None:
         number("hl_gauss_sigma", hl_gauss_sigma, low=0.0, low_open=True)
     support = dict(num_buckets=num_buckets, lower_bound=lower_bound, upper_bound=upper_bound, bin_scheme=bin_scheme)
@@ -183,8 +254,6 @@ def check_options(
         raise
     number("ema_decay", ema_decay, low=0.0, high=1.0)
     check_ensemble_options(ensemble_size, aggregation, aggregation_subset)
-    if not isinstance(input_layout, str) or input_layout not in INPUT_LAYOUTS:
-        raise ValueError(f"input_layout: got {input_layout!r}, expected one of {list(INPUT_LAYOUTS)}.")
     if not isinstance(norm, str) or norm not in NORMS:
         raise ValueError(f"norm: got {norm!r}, expected one of {list(NORMS)}.")
     try:
@@ -206,10 +275,9 @@ def check_options(
             kernel_initializer=kernel_initializer,
         ),
     )
-    known = None not in (dims["gru_units"], dims["num_z_categoricals"], dims["num_z_classes"])
     check_ensemble_fits(
         ensemble_size,
-        latent_size=dims["gru_units"] + dims["num_z_categoricals"] * dims["num_z_classes"] if known else 0,
+        latent_size=latent_size(dims),
         num_dense_layers=dims["num_dense_layers"],
         dense_hidden_units=dims["dense_hidden_units"],
         output_units=head_class(**head_options, **support).units,

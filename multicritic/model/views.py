@@ -25,7 +25,7 @@ class ModuleViews(contract.current().critic_module_methods):
         `ema_module()` list their parameters in the same order under the same
         names (`mlp_dense_0_kernel`, ..., Keras's `[in, out]` layout), and the
         EMA view's do not require gradients. `forward(latent)` (or
-        `forward(h, z)`) returns the logits (`outputs="logits"`, as sheeprl's,
+        `forward(h, z)`; a features critic's `forward(x)`) returns the logits (`outputs="logits"`, as sheeprl's,
         NM512's and TorchRL's critics), the symlog value (`"value"`) or both
         (`"both"`). `layout`: `[(name, variable, transpose), ...]`, a host's
         parameter names, order and shapes (`multicritic.interop`'s
@@ -42,9 +42,9 @@ class ModuleViews(contract.current().critic_module_methods):
     def torch_module(self, layout=None):
         """The whole critic as one PyTorch `nn.Module` with the interface of RLlib's PyTorch `CriticNetwork`:
         `forward(h, z=None, return_logits=False, use_ema=False)` (the symlog value, and the logits; `z=None`:
-        `h` is a flat latent), `init_ema()`, `update_ema()`; `fast` and `ema` views as submodules, so
-        `parameters()` lists the fast weights then the frozen EMA copy. `layout`: `(fast, ema)` layouts (see
-        `fast_module`), whose names the module's own parameters take. PyTorch backend only."""
+        `h` is a flat latent, a features critic's `x`), `init_ema()`, `update_ema()`; `fast` and `ema` views as
+        submodules, so `parameters()` lists the fast weights then the frozen EMA copy. `layout`: `(fast, ema)`
+        layouts (see `fast_module`), whose names the module's own parameters take. PyTorch backend only."""
         return contract.current().module_view(self, use_ema=None, outputs="both", layout=layout)
 
     def view_names(self) -> List[str]:

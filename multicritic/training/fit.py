@@ -21,7 +21,7 @@ from keras import ops
 
 from multicritic.backend import contract as backend
 from multicritic.training.options import TrainerOptions
-from multicritic.training.step import CriticStep, is_multi_critic
+from multicritic.training.step import CriticStep, h_and_z, is_multi_critic
 from multicritic.training.step_functions import StepFunctions
 from multicritic.validation import fmt, integer, real_values
 
@@ -45,8 +45,9 @@ TRAINER_OPTIONS = TrainerOptions.defaults(
 _UNSUPPORTED = ("metrics", "weighted_metrics", "loss_weights", "auto_scale_loss")
 # Options of the default optimizer: with an optimizer of one's own they would be ignored.
 _DEFAULT_OPTIMIZER_OPTIONS = ("learning_rate", "epsilon")
-_DREAM_KEYS = ("h", "z", "rewards", "continues")
-_DIRECT_KEYS = ("h", "z", "value_targets", "loss_weights")
+# A batch's keys after the critic's inputs (`h, z`, or a features critic's `x`).
+_DREAM_KEYS = ("rewards", "continues")
+_DIRECT_KEYS = ("value_targets", "loss_weights")
 
 
 class _FitState:
@@ -91,6 +92,11 @@ class KerasTraining(StepFunctions):
       `continues` `[B, H+1]`), since Keras batches along the first axis;
       as a dict `{"h", "z", "rewards", "continues"}`. The step transposes
       them to `CriticTrainer.train_on_dream`'s time-major layout.
+
+    A features critic (`input_size`) takes its one input `x` in place of
+    `(h, z)`: direct `x [B, input_size]` with `y` (`fit(x, y)`), dream
+    `x=(x, rewards, continues)` with `x [B, H+1, input_size]` (told apart by
+    the rank of `x`); as dicts, the same names with `"x"`.
 
     The optimizer's `iterations` counts the steps (the EMA period and the
     "min_of_random" draws follow it), so a `.keras` file or a
@@ -235,27 +241,33 @@ class KerasTraining(StepFunctions):
 
     def _fit_batch(self, data, need_targets=True):
         """`(kind, tensors)` from a Keras batch: `"direct"` `(h, z, targets, weights)` or `"dream"`
-        `(h, z, rewards, continues)`, time-major, float32, shapes checked."""
+        `(h, z, rewards, continues)` (a features critic: `x` in place of `h, z`), time-major, float32, shapes
+        checked."""
         if isinstance(data, (tuple, list)) and len(data) == 1:
             data = data[0]
+        inputs = tuple(self.input_row_shapes())
+        dream_keys, direct_keys = inputs + _DREAM_KEYS, inputs + _DIRECT_KEYS
         if isinstance(data, dict):
             keys = set(data)
-            if keys == set(_DREAM_KEYS):
-                data = tuple(data[k] for k in _DREAM_KEYS)
-            elif {"h", "z", "value_targets"} <= keys <= set(_DIRECT_KEYS):
-                data = ((data["h"], data["z"]), data["value_targets"], data.get("loss_weights"))
+            if keys == set(dream_keys):
+                data = tuple(data[k] for k in dream_keys)
+            elif {*inputs, "value_targets"} <= keys <= set(direct_keys):
+                x = tuple(data[k] for k in inputs)
+                data = (x if len(x) > 1 else x[0], data["value_targets"], data.get("loss_weights"))
             else:
                 raise ValueError(
-                    f"data: got a dict with keys {sorted(keys)}, expected {list(_DREAM_KEYS)} (dream) or "
-                    f"{list(_DIRECT_KEYS)} (direct; loss_weights optional)."
+                    f"data: got a dict with keys {sorted(keys)}, expected {list(dream_keys)} (dream) or "
+                    f"{list(direct_keys)} (direct; loss_weights optional)."
                 )
+        if len(inputs) == 1:
+            return self._features_batch(data, need_targets)
         if not isinstance(data, (tuple, list)):
             raise ValueError(
                 f"data: got {type(data).__name__}, expected ((h, z), value_targets[, loss_weights]) "
                 "or (h, z, rewards, continues)."
             )
         if len(data) == 4 and not isinstance(data[0], (tuple, list)):
-            return "dream", self._dream_batch(*data)
+            return "dream", self._dream_batch(data[:2], *data[2:])
         if len(data) == 2 and not any(isinstance(x, (tuple, list, dict)) for x in data):
             data = (tuple(data),)  # x=(h, z) with no y
         x = data[0]
@@ -269,22 +281,54 @@ class KerasTraining(StepFunctions):
         weights = data[2] if len(data) > 2 else None
         if y is None and need_targets:
             raise ValueError("y: got None, expected value targets [B] for x=(h, z).")
-        return "direct", self._direct_batch(x[0], x[1], y, weights)
+        return "direct", self._direct_batch(tuple(x), y, weights)
 
-    def _inputs(self, h, z, lead_rank):
-        h = ops.cast(real_values("h", h), "float32")
-        z = ops.cast(real_values("z", z), "float32")
-        if len(h.shape) != lead_rank + 1 or len(z.shape) != lead_rank + 2:
-            axes = "[B, ...]" if lead_rank == 1 else "[B, H+1, ...] (batch-major)"
+    def _features_batch(self, data, need_targets):
+        """A features critic's batch: `x`, `(x, y[, sample_weight])` (direct: `x [B, input_size]`) or
+        `(x, rewards, continues)` (dream: `x [B, H+1, input_size]`); told apart by the rank of `x`."""
+        if not isinstance(data, (tuple, list)):
+            data = (data,)  # x alone (predict)
+        if data and isinstance(data[0], (tuple, list)) and len(data[0]) in (1, 3):
+            data = tuple(data[0]) + tuple(data[1:])  # x=(x,) or x=(x, rewards, continues)
+        x = data[0] if data else None
+        if not data or len(data) > 3 or isinstance(x, (tuple, list, dict)) or not hasattr(x, "shape"):
             raise ValueError(
-                f"h, z: got shapes {fmt(tuple(h.shape))} and {fmt(tuple(z.shape))}, expected {axes} with "
-                f"h [..., {self.gru_units}] and z [..., {self.num_z_categoricals}, {self.num_z_classes}]."
+                f"data: got {type(data).__name__} of {len(data)} parts, expected x [B, input_size] with value "
+                "targets as y (a direct batch), or x=(x, rewards, continues) with x [B, H+1, input_size] and no y "
+                "(a dream batch)."
             )
-        lead = tuple(h.shape[:lead_rank])
+        if len(x.shape) == 3:
+            if len(data) != 3:
+                raise ValueError(
+                    f"x: got shape {fmt(tuple(x.shape))} (a dream batch) with {len(data) - 1} more parts, expected "
+                    "x=(x, rewards, continues) and no y."
+                )
+            return "dream", self._dream_batch((x,), data[1], data[2])
+        y = data[1] if len(data) > 1 else None
+        weights = data[2] if len(data) > 2 else None
+        if y is None and need_targets:
+            raise ValueError("y: got None, expected value targets [B] for x [B, input_size].")
+        return "direct", self._direct_batch((x,), y, weights)
+
+    def _inputs(self, inputs, lead_rank):
+        rows = self.input_row_shapes()
+        inputs = tuple(ops.cast(real_values(name, x), "float32") for name, x in zip(rows, inputs))
+        if any(len(x.shape) != lead_rank + len(row) for x, row in zip(inputs, rows.values())):
+            axes = "[B, ...]" if lead_rank == 1 else "[B, H+1, ...] (batch-major)"
+            names = ", ".join(rows)
+            wants = " and ".join(f"{name} [..., {', '.join(map(str, row))}]" for name, row in rows.items())
+            raise ValueError(
+                f"{names}: got shapes {' and '.join(fmt(tuple(x.shape)) for x in inputs)}, expected {axes} with "
+                f"{wants}."
+            )
+        first = next(iter(rows))
+        lead = tuple(inputs[0].shape[:lead_rank])
         if 0 in lead:
-            raise ValueError(f"h: got shape {fmt(tuple(h.shape))}, an empty batch; expected at least one row.")
-        self.check_inputs((None,) + tuple(h.shape[lead_rank:]), (None,) + tuple(z.shape[lead_rank:]))
-        return h, z, lead
+            raise ValueError(
+                f"{first}: got shape {fmt(tuple(inputs[0].shape))}, an empty batch; expected at least one row."
+            )
+        self.check_inputs(*[(None,) + tuple(x.shape[lead_rank:]) for x in inputs])
+        return inputs, lead
 
     def _per_position(self, name, x, lead, per_stream=False):
         """`x` (one value per position of `lead`) as float32; `per_stream`: a `MultiCritic` takes one such
@@ -310,21 +354,22 @@ class KerasTraining(StepFunctions):
             raise ValueError(f"{name}: got {got}, expected a dict with one array per stream {list(streams)}.")
         return {k: one(x[k], f"{name}[{k!r}]") for k in streams}
 
-    def _direct_batch(self, h, z, targets, weights):
-        h, z, lead = self._inputs(h, z, 1)
+    def _direct_batch(self, inputs, targets, weights):
+        inputs, lead = self._inputs(inputs, 1)
         targets = self._per_position("y (value_targets)", targets, lead, per_stream=True)
-        weights = ops.ones_like(h[:, 0]) if weights is None else self._per_position("sample_weight", weights, lead)
-        return h, z, targets, weights
+        first = inputs[0]
+        weights = ops.ones_like(first[:, 0]) if weights is None else self._per_position("sample_weight", weights, lead)
+        return (*inputs, targets, weights)
 
-    def _dream_batch(self, h, z, rewards, continues):
-        h, z, lead = self._inputs(h, z, 2)
+    def _dream_batch(self, inputs, rewards, continues):
+        inputs, lead = self._inputs(inputs, 2)
         rewards = self._per_position("rewards", rewards, lead, per_stream=True)
         continues = self._per_position("continues", continues, lead)
 
         def time_major(x):
             return {k: ops.swapaxes(v, 0, 1) for k, v in x.items()} if isinstance(x, dict) else ops.swapaxes(x, 0, 1)
 
-        return tuple(time_major(x) for x in (h, z, rewards, continues))
+        return tuple(time_major(x) for x in (*inputs, rewards, continues))
 
     # ------------------------------------------------------------------
     # Keras's entry points: arguments and host data checked before Keras runs anything.
@@ -418,14 +463,12 @@ class KerasTraining(StepFunctions):
         program = fit.programs.get(kind)
         if program is None:
             trainer = fit.trainer
-            if kind == "dream":
+            run = trainer.dream_loss if kind == "dream" else trainer.loss_parts
 
-                def loss(h, z, rewards, continues):
-                    return trainer.dream_loss(h, z, rewards, continues)
-            else:
-
-                def loss(h, z, targets, weights):
-                    return trainer.loss_parts(h, z, targets, weights)
+            def loss(
+                *batch,
+            ):  # the inputs (`h, z`, or `x`), then two more (rewards and continues, or targets and weights)
+                return run(*h_and_z(batch[:-2]), *batch[-2:])
 
             names = list(fit.trackers)
 
@@ -461,10 +504,8 @@ class KerasTraining(StepFunctions):
         names = [n for n in self._fit.trackers if n not in ("grad_norm", "step_skipped")]
 
         def evaluate(*batch):
-            if kind == "dream":
-                _, metrics = trainer.dream_loss(*batch)
-            else:
-                _, metrics = trainer.loss_parts(*batch)
+            run = trainer.dream_loss if kind == "dream" else trainer.loss_parts
+            _, metrics = run(*h_and_z(batch[:-2]), *batch[-2:])
             return self._record(metrics, names)
 
         return backend.current().keras_test_step(self, evaluate, state, batch)

@@ -324,7 +324,8 @@ def _critic_config(spec: Mapping, what: str, serialized: bool) -> Dict[str, obje
         "norm_epsilon": float(given["norm_epsilon"]),
         "use_bias": bool(given["use_bias"]),
         "kernel_initializer": keras.initializers.serialize(initializer) if serialized else None,
-        "input_layout": given["input_layout"],
+        "input_layout": dims["input_layout"],
+        "input_size": dims["input_size"],
     }
 
 
@@ -348,7 +349,7 @@ def _part(registry, part, shared: Mapping, serialized: bool) -> Dict[str, object
 def _multi_critic_config(spec: Mapping, serialized: bool) -> Dict[str, object]:
     from multicritic.model.normalizer import ReturnNormalizer
     from multicritic.model.options import TRAINING_OPTIONS, upgrade_config
-    from multicritic.validation import number
+    from multicritic.validation import integer, number
 
     critic_class = _critic_class()
     # What a stream given as a dict may hold (as `MultiCritic` takes it): the critic's options, what its
@@ -415,6 +416,8 @@ def _multi_critic_config(spec: Mapping, serialized: bool) -> Dict[str, object]:
             "limit": number("limit", options["limit"], low=0.0, low_open=True),
             "debias": options["debias"],
         }
+        if options["num_tasks"] is not None:  # (written only per task, as `ReturnNormalizer.get_config`)
+            normalizers[stream]["num_tasks"] = integer("num_tasks", options["num_tasks"])
     return {
         "name": spec.get("name", "multi_critic"),
         "trainable": spec.get("trainable", True),

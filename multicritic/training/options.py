@@ -40,16 +40,22 @@ class TrainerOptions:
             count (no random state to carry or checkpoint).
         learning_rate: of the default Adam (3e-5).
         epsilon: of the default Adam (1e-5).
-        jit_compile: True, False or `"auto"` (the default: each backend's
-            faster choice). TensorFlow: compile the `tf.function` step with
+        jit_compile: True, False or `"auto"` (the default). True compiles
+            at a batch signature's first call, False never. `"auto"` keeps
+            each backend's default way on a CPU for the whole run (there a
+            compilation does not pay back within a typical run); on an
+            accelerator it compiles after a step kind's first
+            `multicritic.backend.contract.AUTO_COMPILE_AFTER_STEPS` calls
+            (1000), logging one warning on the `multicritic` logger with the
+            seconds it took (`CriticTrainer.compilations` lists every
+            compilation). TensorFlow: compile the `tf.function` step with
             XLA, traced once per batch size (the plain graph: one trace for
-            all sizes; `"auto"`: a step kind's first 1000 calls as the plain
-            graph, then XLA; not under a loss-scale optimizer or a
+            all sizes; `"auto"` not under a loss-scale optimizer or a
             distribution strategy). PyTorch: compile the whole step into
             one graph per batch shape (forward, backward and update, no host
-            sync; inductor's kernels, a CUDA graph on a GPU); `"auto"` runs
-            a step kind's first 1000 calls eagerly, then compiles it (see
-            `multicritic.backend.torch.TrainFunction`). JAX: always jitted.
+            sync; inductor's kernels, a CUDA graph on a GPU); the default way
+            is eager autograd (see `multicritic.backend.torch.TrainFunction`).
+            JAX: always jitted.
         check_finite: raise a `ValueError` for non-finite numpy inputs before
             any state changes. Backend tensors are not inspected on the host;
             inside the compiled step non-finite targets are dropped from the

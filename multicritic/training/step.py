@@ -24,6 +24,7 @@ from multicritic.protocols import CriticLike
 from multicritic.training.options import TrainerOptions
 from multicritic.backend.contract import StepProgram
 from multicritic.math.bins import inverse_symlog
+from multicritic.layers import part_hooks
 from multicritic.layers.dispatch import call_layer
 from multicritic.math.losses import EMA_REGULARIZERS, critic_loss
 from multicritic.math.returns import dream_loss_weights, lambda_returns, replay_lambda_returns
@@ -34,6 +35,54 @@ from multicritic.validation import FixedOptions, as_float32, integer, number
 def is_multi_critic(critic: CriticLike) -> bool:
     """Whether `critic` has named reward streams (a `MultiCritic`)."""
     return critic.stream_names is not None
+
+
+def h_and_z(inputs):
+    """`(h, z)` as the step's math takes them from the critic's inputs: a features critic's `(x,)` is
+    `(x, None)` (its `x` in `h`'s place, no `z`)."""
+    return (inputs[0], inputs[1] if len(inputs) > 1 else None)
+
+
+def task_count(critic: CriticLike) -> Optional[int]:
+    """The number of tasks every per-task return normaliser of `critic` takes (the smallest `num_tasks`), or
+    None where no normaliser keeps statistics per task."""
+    if not is_multi_critic(critic):
+        return None
+    counts = [n.num_tasks for n in critic.normalizers.values() if n.num_tasks is not None]
+    return min(counts) if counts else None
+
+
+def _step_task_ids(task_ids, count):
+    """A dream step's task ids (`[H+1, B]` float32, each column one task, or None) as the int32 ids of its
+    returns `[H, B]`, -1 (no statistics) for an id that is not an integer in `[0, count)`, and the number of such
+    ids (invalid inputs: the step is skipped)."""
+    if task_ids is None:
+        return None, 0.0
+    inside = ops.logical_and(task_ids >= 0.0, task_ids < count)
+    good = ops.logical_and(ops.equal(task_ids, ops.floor(task_ids)), inside)
+    ids = ops.cast(ops.where(good, task_ids, -1.0), "int32")[:-1]
+    return ids, ops.sum(ops.cast(ops.logical_not(good), "float32"))
+
+
+def _return_statistics(critic, stream, targets, task_ids, all_gather):
+    """A `MultiCritic` stream's return statistics over the whole (data-parallel: gathered) batch of its returns
+    `targets`; per task with each return's task from the dreams' `task_ids`, gathered as the returns are."""
+    normalizer = critic.normalizers[stream]
+    gathered = all_gather(ops.stop_gradient(targets))
+    if normalizer.num_tasks is None:
+        return normalizer.statistics(gathered)
+    if task_ids is None:
+        raise ValueError(
+            f"task_ids: got None, expected the dreams' tasks: the normaliser of stream {stream!r} keeps statistics "
+            f"per task (num_tasks={normalizer.num_tasks}); train with CriticTrainer's train_on_dream(..., "
+            "task_ids=...) (fit() takes no task ids)."
+        )
+    return normalizer.statistics(gathered, all_gather(ops.zeros_like(targets, dtype="int32") + task_ids))
+
+
+def _like(x, value):
+    """`x [...]` repeated to an ensemble's `value [K, ...]` (targets and weights shared by the members)."""
+    return x if len(x.shape) == len(value.shape) else _repeat(x, value.shape[0], axis=0)
 
 
 def _nonfinite(x):
@@ -237,6 +286,11 @@ class CriticStep(FixedOptions):
         # The critic's forward pass; a backend may route it through its
         # data-parallel engine (PyTorch DDP).
         self._forward = self._backend.forward_function(critic) or functools.partial(call_layer, critic)
+        # The parts' hooks (`multicritic.layers.part_hooks`): forward passes in training mode where a part
+        # normalises by the batch, and the parts' `after_update` after the optimizer's.
+        parts = [p for member in self.critics().values() for p in (member.mlp, member.return_layer)]
+        self._batch_statistics = any(part_hooks.uses_batch_statistics(p) for p in parts)
+        self._after_update = any(part_hooks.has_after_update(p) for p in parts)
         self.fix_options()
 
     # ------------------------------------------------------------------
@@ -275,11 +329,6 @@ class CriticStep(FixedOptions):
     # ------------------------------------------------------------------
     # The step's math, shared by all backends.
 
-    @staticmethod
-    def _like(x, value):
-        """`x [...]` repeated to an ensemble's `value [K, ...]` (targets and weights shared by the members)."""
-        return x if len(x.shape) == len(value.shape) else _repeat(x, value.shape[0], axis=0)
-
     # The step's math works on named critics: `{None: critic}` for one
     # critic, the streams of a `MultiCritic`.
 
@@ -287,7 +336,10 @@ class CriticStep(FixedOptions):
         return self.critic.stream_critics()
 
     def _outputs(self, h, z, use_ema=False):
-        out = self._forward(h, z, use_ema=use_ema)
+        # `z` None: a features critic's `x` (in `h`'s place) is its one input. A training step's passes
+        # normalise by the batch (parts with batch statistics; an evaluation's passes do not).
+        kwargs = {"training": True} if self._batch_statistics and part_hooks.in_training_step() else {}
+        out = self._forward(*((h,) if z is None else (h, z)), use_ema=use_ema, **kwargs)
         return out if isinstance(out, dict) else {None: out}
 
     def _combine(self, per_stream):
@@ -310,7 +362,7 @@ class CriticStep(FixedOptions):
         ema_value = ema_logits = None
         if regularize:
             ema_value, ema_logits = ops.stop_gradient(ema[0]), ops.stop_gradient(ema[1])
-        targets = self._like(value_targets, value)
+        targets = _like(value_targets, value)
         core = self.metrics == "core"
         if core:
             # A negative (or NaN) weight becomes NaN, inside the loss's own sum (see below).
@@ -319,7 +371,7 @@ class CriticStep(FixedOptions):
             logits,
             targets,
             ema_value if regularize else ops.zeros_like(targets),
-            self._like(loss_weights, value),
+            _like(loss_weights, value),
             ema_regularizer=self.ema_regularizer if regularize else "two_hot_mean",
             ema_regularizer_weight=self.ema_regularizer_weight,
             ema_logits=ema_logits if self.ema_regularizer == "distribution" else None,
@@ -354,7 +406,7 @@ class CriticStep(FixedOptions):
         if not any(c.mlp.clips_inputs for c in critics.values()):
             # "core": the losses' own check (`_critic_losses`) covers the states.
             return 0.0 if self.metrics == "core" else _nonfinite(fast[next(iter(critics))][0])
-        return _nonfinite(h) + _nonfinite(z)
+        return _nonfinite(h) + (0.0 if z is None else _nonfinite(z))
 
     def loss_parts(self, h, z, value_targets, loss_weights):
         fast = self._outputs(h, z)
@@ -369,9 +421,10 @@ class CriticStep(FixedOptions):
         losses["invalid_inputs"] = losses["invalid_inputs"] + self._invalid_states(fast, h, z)
         return total, losses
 
-    def _dream_losses(self, stream, critic, fast, ema, horizon, rewards, continues):
+    def _dream_losses(self, stream, critic, fast, ema, horizon, rewards, continues, task_ids=None):
         """One critic's dream loss from its outputs on the flattened `[(H+1) * B]` states, and the
-        lambda-return from each start state (`[B]`, per member `[K, B]`), which replay returns bootstrap from."""
+        lambda-return from each start state (`[B]`, per member `[K, B]`), which replay returns bootstrap from.
+        `task_ids`: the dreams' tasks `[B]` (int32) for a normaliser with statistics per task."""
         value, logits = fast
         ema_value, ema_logits = ema if ema is not None else (None, None)
         members = critic.ensemble_size > 1
@@ -400,8 +453,7 @@ class CriticStep(FixedOptions):
             losses["value_target_mean"] = ops.mean(targets)
         if is_multi_critic(self.critic):
             # The stream's return statistics over the whole (data-parallel: gathered) batch.
-            normalizer = self.critic.normalizers[stream]
-            losses.update(normalizer.statistics(self._backend.all_gather(ops.stop_gradient(targets))))
+            losses.update(_return_statistics(self.critic, stream, targets, task_ids, self._backend.all_gather))
         return losses, ops.stop_gradient(targets[:, 0] if per_member else targets[0])
 
     def _aggregate(self, stream, critic, values):
@@ -413,24 +465,27 @@ class CriticStep(FixedOptions):
     def _flat_outputs(self, h, z, need_ema):
         """Fast (and EMA: `{}` when not `need_ema`) outputs on time-major states `[L, B, ...]`, flattened."""
         flat_h = ops.reshape(h, (-1, h.shape[-1]))
-        flat_z = ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
+        flat_z = None if z is None else ops.reshape(z, (-1,) + tuple(z.shape[-2:]))
         return self._outputs(flat_h, flat_z), (self._outputs(flat_h, flat_z, use_ema=True) if need_ema else {})
 
-    def dream_loss(self, h, z, rewards, continues):
-        return self.dream_parts(h, z, rewards, continues)[:2]
+    def dream_loss(self, h, z, rewards, continues, task_ids=None):
+        return self.dream_parts(h, z, rewards, continues, task_ids)[:2]
 
-    def dream_parts(self, h, z, rewards, continues):
-        """`(total, metrics, {stream: start returns})` of a dream batch."""
+    def dream_parts(self, h, z, rewards, continues, task_ids=None):
+        """`(total, metrics, {stream: start returns})` of a dream batch. `task_ids`: the dreams' tasks as
+        float32 `[H+1, B]` (each column one task), for normalisers with statistics per task; an id that is not
+        an integer in `[0, task_count(critic))` is an invalid input (the step is skipped)."""
         horizon = h.shape[0]
         fast, ema = self._flat_outputs(h, z, self.ema_regularizer_weight > 0.0 or self.ema_targets)
         rewards = rewards if isinstance(rewards, dict) else {None: rewards}
+        ids, bad_ids = _step_task_ids(task_ids, task_count(self.critic))
         per_stream = {
-            s: self._dream_losses(s, c, fast[s], ema.get(s), horizon, rewards[s], continues)
+            s: self._dream_losses(s, c, fast[s], ema.get(s), horizon, rewards[s], continues, ids)
             for s, c in self.critics().items()
         }
         total, losses = self._combine({s: parts[0] for s, parts in per_stream.items()})
         outside = ops.logical_not(ops.logical_and(continues >= 0.0, continues <= 1.0))
-        invalid = ops.sum(ops.cast(outside, "float32")) + self._invalid_states(fast, h, z)
+        invalid = ops.sum(ops.cast(outside, "float32")) + self._invalid_states(fast, h, z) + bad_ids
         losses["invalid_inputs"] = losses["invalid_inputs"] + invalid
         if self.value_loss_weight != 1.0:
             total = total * self.value_loss_weight
@@ -466,8 +521,10 @@ class CriticStep(FixedOptions):
             losses["value_target_mean"] = ops.mean(targets)
         return losses
 
-    def dream_and_replay_loss(self, h, z, rewards, continues, replay_h, replay_z, replay_rewards, is_last, is_terminal):
-        total, losses, starts = self.dream_parts(h, z, rewards, continues)
+    def dream_and_replay_loss(
+        self, h, z, rewards, continues, replay_h, replay_z, replay_rewards, is_last, is_terminal, task_ids=None
+    ):
+        total, losses, starts = self.dream_parts(h, z, rewards, continues, task_ids)
         length = replay_h.shape[0]
         fast, ema = self._flat_outputs(replay_h, replay_z, self.ema_regularizer_weight > 0.0)
         replay_rewards = replay_rewards if isinstance(replay_rewards, dict) else {None: replay_rewards}
@@ -501,7 +558,7 @@ class CriticStep(FixedOptions):
         return StepProgram(
             trainable=list(self.critic.trainable_variables),
             state=self.state_variables,
-            loss=loss_fn,
+            loss=part_hooks.training_loss(loss_fn) if self._batch_statistics else loss_fn,
             scale_loss=self.optimizer.scale_loss,
             apply=self.apply,
             jit_compile=self.jit_compile,
@@ -510,13 +567,14 @@ class CriticStep(FixedOptions):
         )
 
     def apply(self, grads, losses):
-        """Clip, update, EMA: shared by every backend (assignments via `Variable.assign`).
+        """Clip, update, the parts' hooks, EMA: shared by every backend (assignments via `Variable.assign`).
 
         All or nothing: with non-finite gradients or invalid inputs (see
-        `invalid_inputs`) the weights, the EMA copy, the optimizer's slots
-        and the step counter stay as they were (`step_skipped` = 1). Under a
-        loss-scale optimizer, the optimizer still sees non-finite gradients,
-        so that it lowers its scale (and skips its own update).
+        `invalid_inputs`) the weights, the EMA copy, the optimizer's slots,
+        the parts' batch statistics and the step counter stay as they were
+        (`step_skipped` = 1). Under a loss-scale optimizer, the optimizer
+        still sees non-finite gradients, so that it lowers its scale (and
+        skips its own update).
         """
         critic = self.critic
         trainable = critic.trainable_variables  # (each read walks the critic's layers)
@@ -527,6 +585,7 @@ class CriticStep(FixedOptions):
         if scale is not None:
             norm = norm / ops.cast(scale, "float32")
         metrics = dict(losses)
+        statistics = part_hooks.take_statistics(metrics, critic.non_trainable_variables, backend.all_gather)
         metrics["grad_norm"] = norm
         finite = ops.isfinite(norm)
         inputs_ok = ops.equal(losses["invalid_inputs"], 0.0)
@@ -550,7 +609,13 @@ class CriticStep(FixedOptions):
                     names = normalizer.statistic_names
                     if names and all(f"{stream}/{n}" in metrics for n in names):
                         normalizer.update_from({n: metrics[f"{stream}/{n}"] for n in names})
+            # The parts' hooks (`multicritic.layers.part_hooks`): their batch statistics, then `after_update`
+            # on the updated weights; the EMA copy follows what they leave.
+            for variable, value in statistics:
+                variable.assign(value)
             for member in self.critics().values():
+                if self._after_update:
+                    member.after_update()
                 if period == 1:
                     member.update_ema()
                 else:
@@ -564,7 +629,8 @@ class CriticStep(FixedOptions):
         bookkeeping_state = [self.steps] + list(critic.non_trainable_variables)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             backend.update_if(inputs_ok, optimizer_step, optimizer_state)
-            backend.update_if(ok, bookkeeping, bookkeeping_state)
+            # (The parts' `after_update` assigns weights: selected with the rest of the bookkeeping.)
+            backend.update_if(ok, bookkeeping, bookkeeping_state + (list(trainable) if self._after_update else []))
         else:
             backend.update_if(ok, lambda: (optimizer_step(), bookkeeping()), optimizer_state + bookkeeping_state)
         return metrics

@@ -9,8 +9,9 @@ as a `StepProgram`.
 
 from __future__ import annotations
 
+import inspect
 import threading
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import keras
 import numpy as np
@@ -18,27 +19,32 @@ from keras import ops
 
 from multicritic.backend import contract as backend
 from multicritic.model.critic import CriticNetwork
+from multicritic.model.options import FEATURES
 from multicritic.protocols import CriticLike
 from multicritic.training import hosts
-from multicritic.training.step import CriticStep, is_multi_critic
-from multicritic.validation import as_float32, fmt, real_values
+from multicritic.training.step import CriticStep, h_and_z, is_multi_critic, task_count
+from multicritic.validation import as_float32, dtype_name, fmt, real_values, static_shape
 
 
 def predict_function(critic: CriticNetwork, use_ema: bool = False) -> Callable:
-    """A compiled forward pass `fn(h, z) -> (value_symlog, logits)` that a new batch size does not retrace.
+    """A compiled forward pass `fn(h, z) -> (value_symlog, logits)` (a features critic: `fn(x)`) that a new
+    batch size does not retrace.
 
     TensorFlow: a `tf.function` with a `[None, ...]` input signature (one
     trace). JAX: `jax.jit` over `stateless_call`, batches padded to the next
     power of two (>= 8), so at most one compilation per power of two.
     PyTorch: the eager forward under `torch.no_grad()`. Inputs are converted
-    to float32 and checked like `critic(h, z)`.
+    to float32 and checked like `critic(h, z)`, with one batch axis.
     """
     run = backend.current().make_predict_function(critic, bool(use_ema))
+    names = tuple(critic.input_row_shapes())
 
-    def predict(h, z):
-        h, z = ops.convert_to_tensor(_as_float32(h, "h")), ops.convert_to_tensor(_as_float32(z, "z"))
-        critic.check_inputs(h.shape, z.shape)
-        return run(h, z)
+    def predict(*inputs):
+        if len(inputs) != len(names):
+            raise ValueError(f"inputs: got {len(inputs)}, expected {len(names)}: predict({', '.join(names)}).")
+        inputs = [ops.convert_to_tensor(_as_float32(x, name)) for name, x in zip(names, inputs)]
+        critic.check_inputs(*[x.shape for x in inputs])
+        return run(*inputs)
 
     predict.compiled = getattr(run, "compiled", None)
     return predict
@@ -84,6 +90,10 @@ class CriticTrainer(CriticStep):
             `ema_targets`, `seed`, the default Adam's `learning_rate` and
             `epsilon`, `jit_compile`, `check_finite`, `metrics`, ...
 
+    Each entry takes numpy arrays, the backend's tensors or another framework's arrays (JAX, PyTorch,
+    TensorFlow: anything with `__dlpack__`, imported by DLPack; `multicritic.backend.foreign`), the last with
+    the values the same data gives as numpy.
+
     Each step returns a dict of scalar backend tensors: `total`,
     `value_nll`, `ema_regularizer`, `grad_norm` (before clipping),
     `clipped_fraction` (targets outside the bucket range), `ema_value_gap`
@@ -99,10 +109,16 @@ class CriticTrainer(CriticStep):
     run, and a negative weight or a non-finite state then skips the step
     through its non-finite gradients.
 
+    A features critic (`CriticNetwork(input_size=D)`) is trained by the same
+    entries with its one input `x` where an `(h, z)` critic's take `h, z`
+    (one positional argument fewer, or by name: `x=`, `replay_x=`).
+
     Examples:
         >>> trainer = CriticTrainer(CriticNetwork(model_size="nano"))
         >>> metrics = trainer.train_on_dream(h, z, rewards, continues)
         >>> float(metrics["total"])
+        >>> features = CriticTrainer(CriticNetwork(input_size=8, model_size="nano"))
+        >>> metrics = features.train_step(observations, returns, weights)  # observations [N, 8]
     """
 
     def __init__(self, critic: CriticNetwork, optimizer: Optional[keras.optimizers.Optimizer] = None, **options):
@@ -117,6 +133,14 @@ class CriticTrainer(CriticStep):
         # One step at a time: a second thread gets a clear error, not a
         # half-updated state (or, on JAX, donated buffers).
         self._lock = threading.Lock()
+
+    @property
+    def compilations(self) -> Dict[str, list]:
+        """Every compilation inside a train call so far, per step kind (`"train_step"`, `"train_on_dream"`,
+        ...): `multicritic.backend.contract.Compilation`s with the call they happened in, the batch signature,
+        the form and the seconds. With the defaults on a CPU each is the first call of its batch signature:
+        `jit_compile="auto"` never compiles further in the middle of a run there."""
+        return {kind: list(getattr(fn, "compilations", ())) for kind, fn in self._compiled.items()}
 
     # ------------------------------------------------------------------
     # Checkpoints.
@@ -160,27 +184,28 @@ class CriticTrainer(CriticStep):
     # Input checks, outside the compiled step.
 
     def _inputs(self, named, lead_rank, prefix=""):
-        """Converts to float32 and checks shapes, sizes and values before anything changes (the states are
-        `prefix + "h"` and `prefix + "z"`)."""
+        """Converts to float32 and checks shapes, sizes and values before anything changes (the states are the
+        critic's inputs, `prefix + "h"` and `prefix + "z"`, or a features critic's `prefix + "x"`)."""
         critic = self.critic
         arrays = {name: _as_float32(x, name) for name, x in named.items()}
-        h_name, z_name = prefix + "h", prefix + "z"
-        h_shape = tuple(arrays[h_name].shape)
-        if len(h_shape) != lead_rank + 1:
-            axes = "[N, gru_units]" if lead_rank == 1 else "[H+1, B, gru_units]" if not prefix else "[T, B, gru_units]"
-            raise ValueError(f"{h_name}: got shape {fmt(h_shape)}, expected {axes} with gru_units={critic.gru_units}.")
-        lead = h_shape[:lead_rank]
-        want = {
-            h_name: lead + (critic.gru_units,),
-            z_name: lead + (critic.num_z_categoricals, critic.num_z_classes),
-        }
+        rows = {prefix + name: row for name, row in critic.input_row_shapes().items()}
+        first = next(iter(rows))
+        first_shape = tuple(arrays[first].shape)
+        if len(first_shape) != lead_rank + 1:
+            size = "input_size" if critic.input_layout == FEATURES else "gru_units"
+            lead = "[N" if lead_rank == 1 else "[H+1, B" if not prefix else "[T, B"
+            raise ValueError(
+                f"{first}: got shape {fmt(first_shape)}, expected {lead}, {size}] with {size}={getattr(critic, size)}."
+            )
+        lead = first_shape[:lead_rank]
+        want = {name: lead + tuple(row) for name, row in rows.items()}
         for name in arrays:
             want.setdefault(name, lead)
         for name, x in arrays.items():
             if tuple(x.shape) != want[name]:
                 raise ValueError(f"{name}: got shape {fmt(tuple(x.shape))}, expected {fmt(want[name])}.")
         if 0 in lead:
-            raise ValueError(f"{h_name}: got shape {fmt(h_shape)}, an empty batch; expected at least one row.")
+            raise ValueError(f"{first}: got shape {fmt(first_shape)}, an empty batch; expected at least one row.")
         host = {name: x for name, x in arrays.items() if isinstance(x, np.ndarray)}
         if self.check_finite:
             for name, x in host.items():
@@ -221,20 +246,24 @@ class CriticTrainer(CriticStep):
                     "to train it."
                 )
             batch = self._inputs(named, lead_rank)
+            first = next(iter(named))  # `h`, or a features critic's `x`
             if kind != "direct" and batch[0].shape[0] < 2:
-                raise ValueError(f"h: got shape {fmt(tuple(batch[0].shape))}, expected [H+1, B, ...] with H >= 1.")
+                raise ValueError(
+                    f"{first}: got shape {fmt(tuple(batch[0].shape))}, expected [H+1, B, ...] with H >= 1."
+                )
             if replay is not None:
                 replay_batch = self._inputs(replay, 2, prefix="replay_")
                 length, size = replay_batch[0].shape[0], replay_batch[0].shape[1]
                 if length < 2:
                     raise ValueError(
-                        f"replay_h: got shape {fmt(tuple(replay_batch[0].shape))}, expected [T, B, ...] with T >= 2."
+                        f"replay_{first}: got shape {fmt(tuple(replay_batch[0].shape))}, expected [T, B, ...] with "
+                        "T >= 2."
                     )
                 if batch[0].shape[1] != length * size:
                     raise ValueError(
-                        f"h: got {batch[0].shape[1]} dreams for a replay batch of shape [T, B] = [{length}, {size}], "
-                        f"expected T * B = {length * size} (one dream from each replay step, dream b * T + t "
-                        "starting at replay step t of sequence b)."
+                        f"{first}: got {batch[0].shape[1]} dreams for a replay batch of shape [T, B] = "
+                        f"[{length}, {size}], expected T * B = {length * size} (one dream from each replay step, "
+                        "dream b * T + t starting at replay step t of sequence b)."
                     )
                 batch = batch + replay_batch
             if self.host_count > 1:
@@ -249,58 +278,86 @@ class CriticTrainer(CriticStep):
             self._lock.release()
 
     # ------------------------------------------------------------------
-    # Public steps.
+    # Public steps. Each takes the critic's inputs first: `h, z`, or a features critic's one `x`
+    # (`input_layout="features"`: one positional argument fewer), positional or by name.
 
-    def train_step(self, h, z, value_targets, loss_weights) -> Dict[str, object]:
-        """One update from given real-space value targets.
+    def train_step(self, *args, **kwargs) -> Dict[str, object]:
+        """One update from given real-space value targets: `train_step(h, z, value_targets, loss_weights)`, a
+        features critic's `train_step(x, value_targets, loss_weights)`.
 
-        Args:
-            h: `[N, gru_units]`.
-            z: `[N, num_z_categoricals, num_z_classes]`.
-            value_targets: `[N]` real-space return targets (a `MultiCritic`:
-                `{stream: [N]}`).
-            loss_weights: `[N]` per-position weights.
+        Arguments, positional or by name:
+
+        - `h`: `[N, gru_units]`.
+        - `z`: `[N, num_z_categoricals, num_z_classes]`.
+        - `x`: a features critic's `[N, input_size]` (in place of `h` and `z`).
+        - `value_targets`: `[N]` real-space return targets (a `MultiCritic`:
+          `{stream: [N]}`).
+        - `loss_weights`: `[N]` per-position weights.
 
         Returns:
             The metrics dict (see the class docstring).
         """
-        named = {"h": h, "z": z, **self._per_stream("value_targets", value_targets), "loss_weights": loss_weights}
+        given = self._bind("train_step", ("value_targets", "loss_weights"), args, kwargs)
+        inputs = self._critic_inputs(given)
+        named = {
+            **inputs,
+            **self._per_stream("value_targets", given["value_targets"]),
+            "loss_weights": given["loss_weights"],
+        }
+        count = len(inputs)
 
-        def loss(h, z, *rest):
-            return self.loss_parts(h, z, self._streams_of(rest[:-1]), rest[-1])
+        def loss(*batch):
+            rest = batch[count:]
+            return self.loss_parts(*h_and_z(batch[:count]), self._streams_of(rest[:-1]), rest[-1])
 
         return self._run("direct", loss, named, 1, 0)
 
-    def train_on_dream(self, h, z, rewards, continues) -> Dict[str, object]:
-        """One update from a dreamed trajectory batch, as RLlib's DreamerV3 learner.
+    def train_on_dream(self, *args, **kwargs) -> Dict[str, object]:
+        """One update from a dreamed trajectory batch, as RLlib's DreamerV3 learner:
+        `train_on_dream(h, z, rewards, continues)`, a features critic's `train_on_dream(x, rewards, continues)`.
 
         Values of all `H+1` states come from the fast critic (or the EMA
         critic with `ema_targets`), stop-gradient'd and in real space;
         targets are `lambda_returns`, weights `dream_loss_weights`; the loss
         covers t < H.
 
-        Args:
-            h: `[H+1, B, gru_units]` dreamed recurrent states.
-            z: `[H+1, B, num_z_categoricals, num_z_classes]`.
-            rewards: `[H+1, B]` real-space rewards (`rewards[0]` unused); a
-                `MultiCritic`: `{stream: [H+1, B]}`.
-            continues: `[H+1, B]` continue flags (`continues[0]` only enters
-                the loss weights).
+        Arguments, positional or by name:
+
+        - `h`: `[H+1, B, gru_units]` dreamed recurrent states.
+        - `z`: `[H+1, B, num_z_categoricals, num_z_classes]`.
+        - `x`: a features critic's `[H+1, B, input_size]` imagined (or
+          collected) features, in place of `h` and `z`.
+        - `rewards`: `[H+1, B]` real-space rewards (`rewards[0]` unused); a
+          `MultiCritic`: `{stream: [H+1, B]}`.
+        - `continues`: `[H+1, B]` continue flags (`continues[0]` only enters
+          the loss weights).
+        - `task_ids`: by name only: each dream's task, `[B]` integers in
+          `[0, N)`, where a `MultiCritic`'s normaliser keeps statistics
+          per task (`ReturnNormalizer(num_tasks=N)`): its returns'
+          statistics are then per task, the metrics `[N]` vectors
+          (NaN for a task without dreams). Refused otherwise.
 
         Returns:
             The metrics dict, plus `value_target_mean`.
         """
-        named = {"h": h, "z": z, **self._per_stream("rewards", rewards), "continues": continues}
+        task_ids = kwargs.pop("task_ids", None)
+        given = self._bind("train_on_dream", ("rewards", "continues"), args, kwargs)
+        inputs = self._critic_inputs(given)
+        named = {**inputs, **self._per_stream("rewards", given["rewards"]), "continues": given["continues"]}
+        named.update(self._task_input(task_ids, given["continues"]))
+        count, per_task = len(inputs), "task_ids" in named
 
-        def loss(h, z, *rest):
-            return self.dream_loss(h, z, self._streams_of(rest[:-1]), rest[-1])
+        def loss(*batch):
+            rest, ids = (batch[count:-1], batch[-1]) if per_task else (batch[count:], None)
+            return self.dream_loss(*h_and_z(batch[:count]), self._streams_of(rest[:-1]), rest[-1], ids)
 
         return self._run("dream", loss, named, 2, 1)
 
-    def train_on_dream_and_replay(
-        self, h, z, rewards, continues, replay_h, replay_z, replay_rewards, replay_is_last, replay_is_terminal
-    ) -> Dict[str, object]:
-        """One update from dreams and the replayed trajectories they start from, as the official 2024 agent.
+    def train_on_dream_and_replay(self, *args, **kwargs) -> Dict[str, object]:
+        """One update from dreams and the replayed trajectories they start from, as the official 2024 agent:
+        `train_on_dream_and_replay(h, z, rewards, continues, replay_h, replay_z, replay_rewards, replay_is_last,
+        replay_is_terminal)`; a features critic takes `x` and `replay_x` in place of `h, z` and
+        `replay_h, replay_z`.
 
         The dream loss is `train_on_dream`'s (scaled by `value_loss_weight`);
         the replay value loss (`repval`, scaled by `replay_loss_weight`)
@@ -311,16 +368,18 @@ class CriticTrainer(CriticStep):
         `replay_is_last` get weight 0; the slow-critic regulariser applies to
         both losses.
 
-        Args:
-            h: as `train_on_dream`, with `B * T` dreams.
-            z: as `train_on_dream`, with `B * T` dreams.
-            rewards: as `train_on_dream`, with `B * T` dreams.
-            continues: as `train_on_dream`, with `B * T` dreams.
-            replay_h: `[T, B, gru_units]` replayed recurrent states.
-            replay_z: `[T, B, num_z_categoricals, num_z_classes]`.
-            replay_rewards: `[T, B]` (a `MultiCritic`: `{stream: [T, B]}`).
-            replay_is_last: `[T, B]` episode-boundary flags (0 or 1).
-            replay_is_terminal: `[T, B]` terminal flags (0 or 1).
+        Arguments, positional or by name:
+
+        - `h`: as `train_on_dream`, with `B * T` dreams.
+        - `z`: as `train_on_dream`, with `B * T` dreams.
+        - `rewards`: as `train_on_dream`, with `B * T` dreams.
+        - `continues`: as `train_on_dream`, with `B * T` dreams.
+        - `replay_h`: `[T, B, gru_units]` replayed recurrent states.
+        - `replay_z`: `[T, B, num_z_categoricals, num_z_classes]`.
+        - `replay_rewards`: `[T, B]` (a `MultiCritic`: `{stream: [T, B]}`).
+        - `replay_is_last`: `[T, B]` episode-boundary flags (0 or 1).
+        - `replay_is_terminal`: `[T, B]` terminal flags (0 or 1).
+        - `task_ids`: as `train_on_dream`, with `B * T` dreams (by name).
 
         Returns:
             The metrics dict of `train_on_dream`, plus the replay loss's as
@@ -329,31 +388,104 @@ class CriticTrainer(CriticStep):
         Reference:
             The DreamerV3 code's `repl_loss` (github.com/danijar/dreamerv3, 2024).
         """
-        named = {"h": h, "z": z, **self._per_stream("rewards", rewards), "continues": continues}
+        task_ids = kwargs.pop("task_ids", None)
+        given = self._bind(
+            "train_on_dream_and_replay",
+            ("rewards", "continues"),
+            args,
+            kwargs,
+            replay=("replay_rewards", "replay_is_last", "replay_is_terminal"),
+        )
+        inputs = self._critic_inputs(given)
+        named = {**inputs, **self._per_stream("rewards", given["rewards"]), "continues": given["continues"]}
+        named.update(self._task_input(task_ids, given["continues"]))
         replay = {
-            "replay_h": replay_h,
-            "replay_z": replay_z,
-            **self._per_stream("replay_rewards", replay_rewards),
-            "replay_is_last": replay_is_last,
-            "replay_is_terminal": replay_is_terminal,
+            **self._critic_inputs(given, "replay_"),
+            **self._per_stream("replay_rewards", given["replay_rewards"]),
+            "replay_is_last": given["replay_is_last"],
+            "replay_is_terminal": given["replay_is_terminal"],
         }
         streams = len(self.critic.stream_critics())
+        count, per_task = len(inputs), "task_ids" in named
 
-        def loss(h, z, *rest):
-            dream, replayed = rest[: streams + 1], rest[streams + 1 :]
+        def loss(*batch):
+            states, rest = batch[:count], batch[count:]
+            dream, replayed = rest[: streams + 1 + per_task], rest[streams + 1 + per_task :]
+            dream, ids = (dream[:-1], dream[-1]) if per_task else (dream, None)
+            replay_states, replayed = replayed[:count], replayed[count:]
             return self.dream_and_replay_loss(
-                h,
-                z,
+                *h_and_z(states),
                 self._streams_of(dream[:-1]),
                 dream[-1],
-                replayed[0],
-                replayed[1],
-                self._streams_of(replayed[2:-2]),
+                *h_and_z(replay_states),
+                self._streams_of(replayed[:-2]),
                 replayed[-2],
                 replayed[-1],
+                task_ids=ids,
             )
 
         return self._run("dream_replay", loss, named, 2, 1, replay=replay)
+
+    def _bind(
+        self, method: str, data: Sequence[str], args, kwargs, replay: Sequence[str] = (), keywords: Dict = None
+    ) -> Dict:
+        """`method`'s arguments by name, as Python binds a signature: the critic's inputs (`h, z`, or `x`), then
+        `data`, then (with `replay`) the replayed inputs (`replay_h, replay_z`, or `replay_x`) and `replay`, then
+        the keyword-only `keywords` (`{name: default}`), each present in the result."""
+        inputs = tuple(self.critic.input_row_shapes())
+        names = inputs + tuple(data)
+        if replay:
+            names += tuple(f"replay_{name}" for name in inputs) + tuple(replay)
+        parameters = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+        parameters += [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in (keywords or {}).items()
+        ]
+        try:
+            bound = inspect.Signature(parameters).bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"{method}({', '.join(names)}): {err}") from None
+        bound.apply_defaults()
+        return bound.arguments
+
+    def _task_input(self, task_ids, continues) -> Dict[str, object]:
+        """`{"task_ids": [H+1, B] float32}` for the step, each dream's task down its column (laid out, and split
+        across replicas, as the other dream inputs), or `{}` where no normaliser keeps statistics per task;
+        a `ValueError` naming `task_ids` for ids the step cannot take, before anything changes."""
+        n = task_count(self.critic)
+        if n is None:
+            if task_ids is not None:
+                raise ValueError(
+                    "task_ids: got task ids, expected None: no return normaliser of this critic keeps statistics "
+                    "per task (a MultiCritic's ReturnNormalizer(num_tasks=N) does)."
+                )
+            return {}
+        if task_ids is None:
+            streams = [s for s, norm in self.critic.normalizers.items() if norm.num_tasks is not None]
+            raise ValueError(
+                f"task_ids: got None, expected each dream's task, [B] integers in [0, {n}): the normalisers of "
+                f"the streams {streams} keep statistics per task."
+            )
+        ids = real_values("task_ids", task_ids)
+        kind = dtype_name(ids.dtype) if ops.is_tensor(ids) else str(ids.dtype)
+        if not kind.startswith(("int", "uint")):
+            raise ValueError(f"task_ids: got dtype {kind}, expected integers in [0, {n}) (one per dream).")
+        lead = static_shape(continues.shape) if hasattr(continues, "shape") else np.shape(continues)
+        if len(lead) != 2:  # (`continues` itself is refused first)
+            return {"task_ids": ids}
+        if static_shape(ids.shape) != (lead[1],):
+            raise ValueError(
+                f"task_ids: got shape {fmt(static_shape(ids.shape))}, expected [B] = [{lead[1]}] (one task per dream)."
+            )
+        if isinstance(ids, np.ndarray):
+            outside = (ids < 0) | (ids >= n)
+            if outside.any():
+                raise ValueError(f"task_ids: got {int(ids[outside].flat[0])}, expected integers in [0, {n}).")
+            return {"task_ids": np.repeat(ids[None].astype(np.float32), lead[0], axis=0)}
+        return {"task_ids": ops.broadcast_to(ops.cast(ids, "float32"), lead)}
+
+    def _critic_inputs(self, given, prefix=""):
+        """The critic's inputs among the bound arguments `given`, by name."""
+        return {prefix + name: given[prefix + name] for name in self.critic.input_row_shapes()}
 
     def _per_stream(self, name, value):
         """`{name: value}`, or for a `MultiCritic` `{"name/stream": value[stream]}` for every stream."""

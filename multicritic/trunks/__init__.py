@@ -24,6 +24,8 @@ TRUNKS = Registry(
     {
         "mlp": declare("multicritic.layers.mlp:MLP"),
         "residual": declare("multicritic.trunks.residual:ResidualTrunk"),
+        "simba_v2": declare("multicritic.trunks.simba_v2:SimbaV2Trunk"),
+        "xqc": declare("multicritic.trunks.xqc:XQCTrunk"),
     },
     shared=SHARED,
 )

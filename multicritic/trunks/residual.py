@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import keras
 from keras import ops
 
 from multicritic.layers.dispatch import call_layer
 from multicritic.layers.layer_norm import LayerNormalization
-from multicritic.layers.mlp import MLP, dense_layer, trunk_dims
-from multicritic.validation import FixedOptions
+from multicritic.layers.mlp import MLP, Trunk, dense_layer
 
 
 def activation_function(name: str):
@@ -45,7 +42,7 @@ def activation_name(activation) -> str:
 
 
 @keras.saving.register_keras_serializable(package="multicritic")
-class ResidualTrunk(FixedOptions, keras.layers.Layer):
+class ResidualTrunk(Trunk):
     """A projection block then residual blocks: the critic's `trunk="residual"`.
 
     The input goes through one `Dense -> LayerNorm -> SiLU` block (an `MLP`
@@ -58,22 +55,15 @@ class ResidualTrunk(FixedOptions, keras.layers.Layer):
     `members=K` every layer holds K stacked members, as in `MLP`.
 
     Args:
-        model_size: a DreamerV3 model size giving `num_dense_layers` (the
-            residual blocks) and `dense_hidden_units` (the width), or `None`
-            to give both.
-        num_dense_layers: overrides the size's number of residual blocks.
-        dense_hidden_units: overrides the size's width.
-        kernel_initializer: of every Dense kernel (per member).
-        members: `None` (one trunk) or the ensemble size `K`.
-        norm: `"layer"` or `"rms"` (see `MLP`).
-        norm_epsilon: the norms' epsilon.
-        use_bias: give the Dense layers a bias.
         activation: the residual branch's activation: a Keras activation
             name (`"silu"` as DreamerV3, `"relu"` as BRO) or a function Keras
             knows by a name (`keras.activations.relu`, or one registered with
             `keras.saving.register_keras_serializable`), kept as that name.
             Anything else is refused here (it could not be saved).
-        **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
+        **kwargs: the shared options, as `Trunk` (`model_size` giving
+            `num_dense_layers`, the residual blocks, and `dense_hidden_units`,
+            the width; `norm` `"layer"` or `"rms"`, as `MLP`; ...), and
+            `keras.layers.Layer`'s (`name`, `dtype`, ...).
 
     Call arguments:
         inputs: `[..., input_dim]`, or a list of parts whose concatenation is
@@ -94,46 +84,24 @@ class ResidualTrunk(FixedOptions, keras.layers.Layer):
         2405.16158), Fig. 3; He et al., "Deep Residual Learning", CVPR 2016.
     """
 
-    def __init__(
-        self,
-        *,
-        model_size: Optional[str] = "XS",
-        num_dense_layers: Optional[int] = None,
-        dense_hidden_units: Optional[int] = None,
-        kernel_initializer="glorot_uniform",
-        members: Optional[int] = None,
-        norm: str = "layer",
-        norm_epsilon: float = 1e-3,
-        use_bias: bool = False,
-        activation: str = "silu",
-        **kwargs,
-    ):
+    def __init__(self, *, activation: str = "silu", **kwargs):
         super().__init__(**kwargs)
         activation = activation_name(activation)
         self.activation_fn = activation_function(activation)
-        dims = trunk_dims(model_size, num_dense_layers, dense_hidden_units)
+        self.activation = activation
         # The projection is an MLP's single block; the size's depth counts the residual blocks.
         self.projection = MLP(
             model_size=None,
             num_dense_layers=1,
-            dense_hidden_units=dims["dense_hidden_units"],
-            kernel_initializer=kernel_initializer,
-            members=members,
-            norm=norm,
-            norm_epsilon=norm_epsilon,
-            use_bias=use_bias,
+            dense_hidden_units=self.dense_hidden_units,
+            kernel_initializer=self.kernel_initializer,
+            members=self.members,
+            norm=self.norm,
+            norm_epsilon=self.norm_epsilon,
+            use_bias=self.use_bias,
             dtype=self.dtype_policy,
             name="projection",
         )
-        self.model_size = model_size
-        self.num_dense_layers = dims["num_dense_layers"]
-        self.dense_hidden_units = self.projection.dense_hidden_units
-        self.kernel_initializer = self.projection.kernel_initializer
-        self.members = self.projection.members
-        self.norm = norm
-        self.norm_epsilon = self.projection.norm_epsilon
-        self.use_bias = self.projection.use_bias
-        self.activation = activation
         self.block_dense, self.block_norms = [], []
         for i in range(self.num_dense_layers):
             for j in range(2):
@@ -151,11 +119,14 @@ class ResidualTrunk(FixedOptions, keras.layers.Layer):
                     LayerNormalization(
                         epsilon=self.norm_epsilon,
                         members=self.members,
-                        rms=norm == "rms",
+                        rms=self.norm == "rms",
                         dtype=self.dtype_policy,
                         name=f"block_{i}_norm_{j}",
                     )
                 )
+        # Kept as tuples once built (Keras tracked the layers, and ordered their weights, as they were appended):
+        # Flax NNX's graph does not enter a list (see `MLP`).
+        self.block_dense, self.block_norms = tuple(self.block_dense), tuple(self.block_norms)
 
     @property
     def dense_layers(self):
@@ -196,17 +167,5 @@ class ResidualTrunk(FixedOptions, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "model_size": self.model_size,
-                "num_dense_layers": self.num_dense_layers,
-                "dense_hidden_units": self.dense_hidden_units,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "members": self.members,
-                "norm": self.norm,
-                "norm_epsilon": self.norm_epsilon,
-                "use_bias": self.use_bias,
-                "activation": self.activation,
-            }
-        )
+        config["activation"] = self.activation
         return config

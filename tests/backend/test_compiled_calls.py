@@ -225,7 +225,9 @@ def _parts():
     from multicritic.heads import HEADS
     from multicritic.trunks import TRUNKS
 
-    return [(head, trunk) for head in HEADS for trunk in TRUNKS]
+    # Each head with the reference trunk, each trunk with the reference head (the forward pass is the trunk's then
+    # the head's): the cases grow with the parts, not their product.
+    return [(head, "mlp") for head in HEADS] + [("two_hot", trunk) for trunk in TRUNKS if trunk != "mlp"]
 
 
 @needs_compiled

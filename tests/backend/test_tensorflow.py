@@ -48,6 +48,7 @@ def test_auto_switches_a_step_kind_to_xla_at_its_nth_call_with_the_same_values(m
     from tests.distributed.common import batches
 
     monkeypatch.setattr(backend_contract, "AUTO_COMPILE_AFTER_STEPS", 2)
+    monkeypatch.setattr(backend_contract, "AUTO_COMPILE_DEVICES", ("cpu",))  # as on an accelerator
     data = batches("direct", steps=4)
 
     def trained(jit_compile):

@@ -177,6 +177,7 @@ def test_auto_runs_eagerly_then_compiles_at_a_fixed_step(monkeypatch, aot_eager)
     critic = make_critic("single")
     data = batches(critic, 4)["direct"]
     monkeypatch.setattr(backend_contract, "AUTO_COMPILE_AFTER_STEPS", 3)
+    monkeypatch.setattr(backend_contract, "AUTO_COMPILE_DEVICES", ("cpu",))  # as on an accelerator
     trainer = CriticTrainer(critic, jit_compile="auto")
     assert trainer.jit_compile == "auto"
     for args in data[:3]:
@@ -192,6 +193,7 @@ def test_auto_falls_back_to_eager_when_compilation_fails(monkeypatch, aot_eager)
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(backend_contract, "AUTO_COMPILE_AFTER_STEPS", 0)
+    monkeypatch.setattr(backend_contract, "AUTO_COMPILE_DEVICES", ("cpu",))  # as on an accelerator
     monkeypatch.setattr(torch_step.WholeStep, "_compile", broken)
     data = batches(make_critic("single"), 2)["direct"]
     reference = CriticTrainer(make_critic("single"), jit_compile=False)
@@ -208,6 +210,7 @@ def test_auto_falls_back_to_eager_when_compilation_fails(monkeypatch, aot_eager)
 
 def test_auto_stays_eager_under_a_loss_scale_optimizer(monkeypatch):
     monkeypatch.setattr(backend_contract, "AUTO_COMPILE_AFTER_STEPS", 0)
+    monkeypatch.setattr(backend_contract, "AUTO_COMPILE_DEVICES", ("cpu",))  # (else it stays eager on a CPU anyway)
     critic = make_critic("single")
     trainer = CriticTrainer(critic, keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3)))
     for args in batches(critic, 2)["direct"]:

@@ -72,6 +72,126 @@ def test_ppo_driver_writes_each_runs_curve(tmp_path, agent):
     assert out.read_text() == before
 
 
+EXAMPLES = os.path.join(ROOT, "examples", "ppo")
+
+
+def _minibatch(actor, size, obs_size, actions):
+    """One update's data, fixed: observations, actions, old log-probabilities off the actor's own by up to
+    about +-0.5 (ratios both inside and outside the clip range), normalised advantages, real-space returns."""
+    rng = np.random.default_rng(7)
+    obs = rng.normal(size=(size, obs_size)).astype("float32")
+    action = rng.integers(0, actions, size)
+    logits = np.asarray(actor.predict_on_batch(obs), "float64")
+    logp_all = logits - logits.max(-1, keepdims=True)
+    logp_all -= np.log(np.exp(logp_all).sum(-1, keepdims=True))
+    old_logp = (logp_all[np.arange(size), action] + rng.uniform(-0.5, 0.5, size)).astype("float32")
+    advantages = rng.normal(size=size)
+    advantages = ((advantages - advantages.mean()) / advantages.std()).astype("float32")
+    returns = rng.uniform(-50.0, 500.0, size).astype("float32")
+    return obs, action, old_logp, advantages, returns
+
+
+def _pairs(weights):
+    return list(zip(weights[::2], weights[1::2]))
+
+
+def _jax_update(actor_weights, critic, batch):
+    """The JAX user's update from these weights: `(actor's arrays, critic's fast then EMA arrays)`."""
+    import jax.numpy as jnp
+    import jax_agent
+
+    actor = [(jnp.asarray(w), jnp.asarray(b)) for w, b in _pairs(actor_weights)]
+    fast, ema = jax_agent.critic_params(critic)
+    actor_tx, critic_tx = jax_agent.optimizers()
+    update = jax_agent.make_update(critic, actor_tx, critic_tx)
+    obs, action, old_logp, adv, ret = batch
+    actor, _, fast, ema, _ = update(
+        actor, actor_tx.init(actor), fast, ema, critic_tx.init(fast), obs, action.astype("int32"), old_logp, adv, ret
+    )
+    return [w for pair in actor for w in pair], [*fast, *ema]
+
+
+def _tf_update(actor_weights, critic, batch):
+    import tf_agent
+
+    sizes = [actor_weights[0].shape[0]] + [b.shape[0] for b in actor_weights[1::2]]
+    actor = tf_agent.actor_init(0, sizes)
+    for variable, value in zip([v for pair in actor for v in pair], actor_weights):
+        variable.assign(value)
+    update = tf_agent.make_update(actor, critic, *tf_agent.optimizers())
+    obs, action, old_logp, adv, ret = batch
+    update(obs, action.astype("int32"), old_logp, adv, ret)
+    return [v for pair in actor for v in pair], [*critic.trainable_variables, *critic.non_trainable_variables]
+
+
+def _torch_update(actor_weights, critic, batch):
+    import torch
+    import torch_agent
+
+    sizes = [actor_weights[0].shape[0]] + [b.shape[0] for b in actor_weights[1::2]]
+    actor = torch_agent.make_actor(sizes[0], sizes[-1], sizes[1])
+    with torch.no_grad():
+        for layer, (w, b) in zip(actor[::2], _pairs(actor_weights)):  # nn.Linear's weight is the kernel transposed
+            layer.weight.copy_(torch.as_tensor(w.T))
+            layer.bias.copy_(torch.as_tensor(b))
+    fast, slow = critic.fast_module(outputs="both"), critic.ema_module(outputs="both")
+    actor_opt, critic_opt = torch_agent.optimizers(actor, fast)
+    obs, action, old_logp, adv, ret = batch
+    batch = (obs, action.astype("int64"), old_logp, adv, ret)
+    torch_agent.update(actor, actor_opt, critic, fast, slow, critic_opt, *batch)
+    actor_weights = [x.detach().numpy() for layer in actor[::2] for x in (layer.weight.T, layer.bias)]
+    return actor_weights, [*critic.trainable_variables, *critic.non_trainable_variables]
+
+
+LOOP_UPDATES = {"jax-jit": _jax_update, "tf-loop": _tf_update, "torch-loop": _torch_update}
+
+
+@pytest.mark.parametrize("agent", list(OWN))
+def test_first_update_is_the_same_in_every_agent(agent, monkeypatch):
+    """The Keras agent and a framework's own loop are one agent: from the same weights, one minibatch's update
+    (the actor's PPO step with its global-norm clip and Adam, the critic's step and its EMA copy's) leaves
+    the same weights in both."""
+    if OWN[agent][0] != BACKEND:
+        pytest.skip(f"{agent} runs in the {OWN[agent][0]} session")
+    import keras
+
+    monkeypatch.syspath_prepend(EXAMPLES)
+    import keras_agent
+
+    # Clips below this batch's gradient norms, so that both clips act and a clip of each weight's gradient on
+    # its own would show. Every agent reads them when it builds its update.
+    monkeypatch.setitem(keras_agent.HYPERPARAMETERS, "actor_clip", 0.05)
+    monkeypatch.setitem(keras_agent.HYPERPARAMETERS, "critic_clip", 0.5)
+    obs_size, actions, units, size = 6, 3, keras_agent.HYPERPARAMETERS["units"], 128
+    keras.utils.set_random_seed(0)
+    actor = keras_agent.make_actor(obs_size, actions, units)
+    critic, trainer = keras_agent.make_critic(obs_size, "two_hot", units, seed=0)
+    # The critic's head starts at zero, so its first step would move the head alone: from weights off their
+    # initial ones (the EMA copy apart from the fast), every layer's gradient and the regulariser count.
+    rng = np.random.default_rng(0)
+    critic.set_weights([w + rng.normal(0.0, 0.1, w.shape).astype(w.dtype) for w in critic.get_weights()])
+    twin = keras_agent.value_network(obs_size, "two_hot", units)  # the loop's critic
+    twin.set_weights(critic.get_weights())
+    batch = _minibatch(actor, size, obs_size, actions)
+    actor_before = actor.get_weights()
+    critic_before = [np.array(v) for v in [*critic.trainable_variables, *critic.non_trainable_variables]]
+
+    keras_agent.update(actor, trainer, *batch)
+    loop_actor, loop_critic = LOOP_UPDATES[agent](actor_before, twin, batch)
+
+    keras_actor = actor.get_weights()
+    keras_critic = [np.array(v) for v in [*critic.trainable_variables, *critic.non_trainable_variables]]
+    for name, before, want, got in (
+        ("actor", actor_before, keras_actor, loop_actor),
+        ("critic", critic_before, keras_critic, loop_critic),
+    ):
+        assert len(got) == len(want), name
+        for i, (b, w, g) in enumerate(zip(before, want, got)):
+            # Each array moved (the EMA copy towards the fast weights), far more than the tolerance.
+            assert np.abs(w - b).max() > 1e-5, (name, i)
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6, err_msg=f"{name} array {i}")
+
+
 @pytest.mark.interop
 def test_sheeprl_driver_runs_both_halves_through_a_resume(tmp_path):
     pytest.importorskip("sheeprl")

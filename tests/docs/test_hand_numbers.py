@@ -8,7 +8,13 @@ import pytest
 
 from benchmarks import render_tables
 
-PAGES = ("README.md", "docs/performance.md", "docs/real-agents.md")
+PAGES = (
+    "README.md",
+    "docs/performance.md",
+    "docs/real-agents.md",
+    "docs/critic-comparison.md",
+    "docs/per-task-returns.md",
+)
 
 # A measured-looking number: digits with a unit of time, a speed-up or a share (1.2x, 10%, 63.6 ms, 5 s, 40 µs,
 # 146.3 MiB, 210 GFLOP/s), or a bare ratio with two or three decimals (0.97, 1.085): how the pages quote results.

@@ -113,16 +113,16 @@ def test_the_comparison_lists_every_registered_head_and_trunk():
     from multicritic.trunks import TRUNKS
 
     rows = {line.split(" | ")[0][2:]: line for line in render_tables.comparison([]) if line.startswith("| ")}
-    assert rows["value heads"].split(" | ")[1] == "two-hot, HL-Gauss, MSE, quantile"
-    assert rows["trunks"].split(" | ")[1] == "MLP, residual"
-    assert rows["loads / exports the others' critics"].split(" | ")[1] == "all five"
-    assert len(HEADS) == 4 and len(TRUNKS) == 2
+    assert rows["value heads"].split(" | ")[1] == "two-hot, HL-Gauss, MSE, quantile, adaptive"
+    assert rows["trunks"].split(" | ")[1] == "MLP, residual, SimbaV2, XQC"
+    assert rows["loads / exports the others' critics"].split(" | ")[1] == "all six"
+    assert len(HEADS) == 5 and len(TRUNKS) == 4
     for page in ("README.md", "docs/index.md"):
         assert "<!-- table: comparison -->" in (render_tables.ROOT / page).read_text()
     # A new head is one registration: both pages' tables are then stale until rendered again.
     HEADS.register("beta_mixture", "some_package.heads:BetaMixtureHead")
     try:
-        assert "two-hot, HL-Gauss, MSE, quantile, beta-mixture" in render_tables.render("comparison")
+        assert "two-hot, HL-Gauss, MSE, quantile, adaptive, beta-mixture" in render_tables.render("comparison")
         assert {"README.md: comparison", "docs/index.md: comparison"} <= set(render_tables.stale())
     finally:
         HEADS.unregister("beta_mixture")

@@ -9,10 +9,10 @@ import pytest
 from multicritic import CriticNetwork
 from multicritic.files.export import FORMATS, SUPPORTED, load_exported
 from tests import half_precision as hp
-from tests.conftest import BACKEND, random_inputs, randomize, to_np
+from tests.conftest import BACKEND, CRITIC_KINDS, inputs_of, random_inputs, randomize, to_np
 
-RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
-SUFFIX = {"tf_saved_model": "", "onnx": ".onnx", "litert": ".tflite"}
+RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert", "torch": "torch"}
+SUFFIX = {"tf_saved_model": "", "onnx": ".onnx", "litert": ".tflite", "torch": ".pt2"}
 
 
 def exported(critic, tmp_path, fmt, **kwargs):
@@ -23,17 +23,18 @@ def exported(critic, tmp_path, fmt, **kwargs):
     return load_exported(path, fmt)
 
 
-def expected(critic, h, z, use_ema=False):
-    value, logits = critic(h, z, use_ema=use_ema)
+def expected(critic, *inputs, use_ema=False):
+    value, logits = critic(*inputs, use_ema=use_ema)
     value, logits = to_np(value).astype(np.float64), to_np(logits)
     return np.sign(value) * np.expm1(np.abs(value)), value, logits
 
 
 def assert_serves(fn, critic, batches=(1, 7, 33), use_ema=False, tol=1e-5):
     for n in batches:  # one export, any batch size
-        h, z = random_inputs(critic, n, seed=n)
-        got = fn(h, z)
-        for name, g, w in zip(("value_real", "value_symlog", "logits"), got, expected(critic, h, z, use_ema)):
+        inputs = inputs_of(critic, n, seed=n)
+        got = fn(*inputs)
+        want = expected(critic, *inputs, use_ema=use_ema)
+        for name, g, w in zip(("value_real", "value_symlog", "logits"), got, want):
             assert g.dtype == np.float32 and g.shape == w.shape, (name, g.dtype, g.shape, w.shape)
             np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{name} at batch {n}")
 
@@ -106,10 +107,38 @@ def test_export_in_the_critics_own_mixed_policy(tmp_path):
         assert np.abs(logits - want).max() > 1e3 * hp.UNIT_ROUNDOFF["float32"] * np.abs(want).max()
 
 
-def test_export_of_an_ensemble(tmp_path):
-    critic = trained_critic(ensemble_size=3)
+def test_torch_export_is_a_torch_export_program_with_a_dynamic_batch(tmp_path):
+    """Keras 3.15's `format="torch"`: the file `torch.export.load` reads, any batch size (Keras's own default
+    fixes it at 1); refused with a `ValueError` naming `format` on the other backends (the test above)."""
+    if BACKEND != "torch":
+        pytest.skip("a torch.export program is written from the PyTorch backend")
+    import torch
+
+    critic = trained_critic()
+    with pytest.raises(ValueError, match=r"filepath: got '.*critic.onnx', expected a file name ending in '.pt2'"):
+        critic.export(tmp_path / "critic.onnx", format="torch")
+    critic.export(tmp_path / "critic.pt2", format="torch", verbose=False, use_ema=True)
+    program = torch.export.load(str(tmp_path / "critic.pt2"))
+    assert isinstance(program, torch.export.ExportedProgram)
+    h, z = random_inputs(critic, 5, seed=3)
+    with torch.no_grad():
+        got = program.module()(torch.from_numpy(h), torch.from_numpy(z))
+    for g, w in zip(got, expected(critic, h, z, use_ema=True)):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", list(CRITIC_KINDS))
+def test_export_of_an_ensemble(kind, tmp_path):
+    """An ensemble's export; a features critic's (`x -> ...`), ensemble too."""
+    critic = trained_critic(ensemble_size=3, **CRITIC_KINDS[kind])
     fmt = SUPPORTED[BACKEND][-1]
-    assert_serves(exported(critic, tmp_path, fmt), critic, batches=(1, 9))
+    serve = exported(critic, tmp_path, fmt)
+    assert_serves(serve, critic, batches=(1, 9))
+    if kind == "features":
+        with pytest.raises(ValueError, match=r"x: got shape \[10\], expected \[B, input_size\]"):
+            serve(np.zeros(10, "float32"))
+        with pytest.raises(ValueError, match=r"x: the export refused shapes \[3, 9\]"):
+            serve(np.zeros((3, 9), "float32"))
 
 
 def test_export_arguments_are_checked(tmp_path):

@@ -11,6 +11,7 @@ from keras.src.testing import TestCase
 from multicritic.heads import HEADS
 from multicritic.layers.layer_norm import LayerNormalization
 from multicritic.layers.mlp import MLP
+from tests.test_registry import declared_state
 
 B, D, U, K = 4, 12, 16, 3
 
@@ -89,7 +90,7 @@ def test_head_passes_keras_run_layer_test(head, members):
         input_shape=shape,
         expected_output_shape=(lead, lead + (units,)),
         expected_num_trainable_weights=2,
-        expected_num_non_trainable_weights=0,
+        expected_num_non_trainable_weights=declared_state(cls, {"members": members}, shape),
         expected_num_seed_generators=0,
         supports_masking=False,
     )

@@ -205,24 +205,31 @@ def test_a_pass_that_assigns_a_variable_runs_eagerly():
     assert float(to_np(model.layers[1].count)) == 4.0  # every call assigned once, as eagerly
 
 
-def test_an_actor_and_a_critic_as_one_model():
+@pytest.mark.parametrize("kind", ["h_z", "features"])
+def test_an_actor_and_a_critic_as_one_model(kind):
     """The PPO example's acting model: the critic a layer of a functional model (which needs its
-    `compute_output_shape` to name only shapes), called in one compiled pass, gives each network's own call."""
+    `compute_output_shape` to name only shapes), called in one compiled pass, gives each network's own call: an
+    `(h, z)` critic given a constant one-class `z`, a features critic the observation alone (and itself through
+    `CompiledForward`)."""
     from multicritic import CriticNetwork
 
     actor = _actor()
-    critic = CriticNetwork(
-        model_size=None, gru_units=5, num_z_categoricals=1, num_z_classes=1, num_dense_layers=2, dense_hidden_units=8
-    )
+    sizes = dict(gru_units=5, num_z_categoricals=1, num_z_classes=1) if kind == "h_z" else dict(input_size=5)
+    critic = CriticNetwork(model_size=None, num_dense_layers=2, dense_hidden_units=8, **sizes)
     obs_in = keras.Input((5,))
-    z_in = keras.ops.expand_dims(keras.ops.ones_like(obs_in[:, :1]), -1)
-    value_in, _ = critic(obs_in, z_in)
+    z_in = [keras.ops.expand_dims(keras.ops.ones_like(obs_in[:, :1]), -1)] if kind == "h_z" else []
+    value_in, _ = critic(obs_in, *z_in)
+    assert keras.backend.standardize_dtype(value_in.dtype) == "float32"
     forward = CompiledForward(keras.Model(obs_in, (actor(obs_in), value_in)))
-    obs, z = _obs(6), np.ones((6, 1, 1), "float32")
+    obs, z = _obs(6), [np.ones((6, 1, 1), "float32")] if kind == "h_z" else []
     for _ in range(3):
         logits, value = forward(obs)
         _close(logits, actor(obs, training=False))
-        _close(value, critic(obs, z)[0])
+        _close(value, critic(obs, *z)[0])
+    if kind == "features":
+        critic_forward = CompiledForward(critic)
+        for _ in range(3):
+            _close(critic_forward(obs)[1], critic(obs)[1])
 
 
 @pytest.mark.parametrize("copy_with", ["deepcopy", "pickle"])

@@ -5,7 +5,7 @@ import pytest
 from multicritic import CriticNetwork
 from multicritic.training import predict_function
 from tests import numpy_reference as ref
-from tests.conftest import BACKEND, random_inputs, randomize, to_np
+from tests.conftest import BACKEND, CRITIC_KINDS, copy_features_into_h_z, inputs_of, random_inputs, randomize, to_np
 
 # SPEC §2: trainable parameter counts of RLlib's critic (EMA copy not counted).
 PARAM_COUNTS = {
@@ -53,18 +53,24 @@ def test_ema_stays_frozen_when_critic_is_made_trainable():
         assert len(trainable_params) == len(critic.fast_weights)
 
 
-@pytest.mark.parametrize("size", ["nano", "XS", "S"])
+def ref_forward(critic, inputs, ema=False):
+    """The numpy reference on the critic's inputs: a features critic's `x` is `h` with an empty `z`."""
+    h, z = inputs if len(inputs) == 2 else (inputs[0], np.zeros((len(inputs[0]), 0), "float32"))
+    return ref.forward(ref.params_from(critic, ema=ema), h, z)
+
+
+@pytest.mark.parametrize("size, kind", [("nano", "h_z"), ("XS", "h_z"), ("S", "h_z"), ("S", "features")])
 @pytest.mark.parametrize("use_ema", [False, True])
-def test_forward_matches_numpy(size, use_ema):
-    critic = CriticNetwork(model_size=size)
+def test_forward_matches_numpy(size, kind, use_ema):
+    critic = CriticNetwork(model_size=size, **CRITIC_KINDS[kind])
     randomize(critic, seed=1, scale=0.1)
     # Give the EMA copy different weights, to tell the two paths apart.
     rng = np.random.default_rng(2)
     for v in critic.ema_weights:
         v.assign(rng.normal(scale=0.1, size=tuple(v.shape)).astype("float32"))
-    h, z = random_inputs(critic, 9)
-    value, logits = critic(h, z, use_ema=use_ema)
-    want_value, want_logits = ref.forward(ref.params_from(critic, ema=use_ema), h, z)
+    inputs = inputs_of(critic, 9)
+    value, logits = critic(*inputs, use_ema=use_ema)
+    want_value, want_logits = ref_forward(critic, inputs, ema=use_ema)
     assert value.shape == (9,) and logits.shape == (9, 255)
     assert to_np(logits).dtype == np.float32
     np.testing.assert_allclose(to_np(logits), want_logits, rtol=1e-4, atol=1e-4)
@@ -190,6 +196,45 @@ def test_bad_inputs_raise_before_anything_changes(h_shape, z_shape, match):
         np.testing.assert_array_equal(to_np(v), b)
 
 
+@pytest.mark.parametrize(
+    "shape, match",
+    [
+        ((4, 9), r"x: got shape \[4, 9\], expected \[\.\.\., 10\] \(input_size=10\)"),
+        ((2, 4, 11), r"x: got shape \[2, 4, 11\], expected \[\.\.\., 10\] \(input_size=10\)"),
+        ((), r"x: got shape \[\], expected \[\.\.\., 10\] \(input_size=10\)"),
+    ],
+)
+def test_features_critic_refuses_bad_inputs_before_anything_changes(shape, match):
+    critic = CriticNetwork(model_size="nano", input_size=10)
+    before = [to_np(v) for v in critic.weights]
+    with pytest.raises(ValueError, match=match):
+        critic(np.zeros(shape, "float32"))
+    with pytest.raises(ValueError, match=r"^z: got a ndarray, expected none: a features critic"):
+        critic(np.zeros((4, 10), "float32"), np.zeros((4, 1, 1), "float32"))
+    with pytest.raises(ValueError, match=r"^z: got True, expected none"):
+        critic(np.zeros((4, 10), "float32"), True)  # use_ema is a keyword
+    for b, v in zip(before, critic.weights):
+        np.testing.assert_array_equal(to_np(v), b)
+
+
+def test_features_critic_takes_any_leading_dims_and_builds_on_first_call():
+    critic = CriticNetwork(model_size=None, input_layout="features", num_dense_layers=1, dense_hidden_units=8)
+    assert not critic.built and critic.input_size is None
+    (x,) = inputs_of(CriticNetwork(model_size="nano", input_size=5), (2, 3))
+    value, logits = critic(x)
+    assert critic.built and critic.input_size == 5 and critic.latent_size == 5
+    assert critic.get_config()["input_size"] == 5 and critic.gru_units is None
+    assert value.shape == (2, 3) and logits.shape == (2, 3, 255)
+    # 5*8 kernel + 2*8 LN, head 8*255 + 255: no z, no row for one.
+    assert n_params(critic.trainable_variables) == 5 * 8 + 16 + 8 * 255 + 255
+    want_value, want_logits = ref_forward(critic, (x.reshape(6, 5),))
+    np.testing.assert_allclose(to_np(logits).reshape(6, 255), want_logits, rtol=1e-4, atol=1e-4)
+    one_value, one_logits = critic(x[0, 0])  # one row, no batch axis
+    assert one_value.shape == () and one_logits.shape == (255,)
+    np.testing.assert_allclose(to_np(one_logits), want_logits[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(to_np(critic.on_latent(x)[1]), to_np(logits), rtol=1e-6, atol=1e-6)
+
+
 def test_bad_input_on_lazy_build_leaves_critic_unbuilt():
     critic = CriticNetwork(model_size=None, num_dense_layers=1, dense_hidden_units=4)
     with pytest.raises(ValueError, match="h, z: batch sizes differ"):
@@ -218,6 +263,11 @@ def test_bad_input_on_lazy_build_leaves_critic_unbuilt():
         ({"norm": "batch"}, r"norm: got 'batch', expected one of \['layer', 'rms'\]"),
         ({"bogus": 1}, "bogus"),
         ({"kernel_initializer": "bogus"}, "kernel_initializer: got 'bogus', expected a Keras initializer"),
+        ({"input_size": 0}, r"input_size: got 0, expected an integer >= 1"),
+        ({"input_size": 8, "input_layout": "z_h"}, r"input_size: got 8 with input_layout='z_h', expected None"),
+        ({"input_size": 8, "gru_units": 8}, r"gru_units: got 8 for a features critic \(input_layout='features'\)"),
+        ({"input_layout": "features", "num_z_classes": 2}, r"num_z_classes: got 2 for a features critic"),
+        ({"input_layout": "x"}, r"input_layout: got 'x', expected one of \['h_z', 'z_h', 'features'\] or None"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, match):
@@ -225,8 +275,10 @@ def test_bad_constructor_arguments(kwargs, match):
         CriticNetwork(**kwargs)
 
 
-def test_config_round_trip_keeps_every_option():
+@pytest.mark.parametrize("kind", list(CRITIC_KINDS))
+def test_config_round_trip_keeps_every_option(kind):
     critic = CriticNetwork(
+        **CRITIC_KINDS[kind],
         model_size="nano",
         num_buckets=41,
         lower_bound=-5.0,
@@ -242,28 +294,30 @@ def test_config_round_trip_keeps_every_option():
     clone = CriticNetwork.from_config(config)
     assert clone.get_config() == config
     assert n_params(clone.trainable_variables) == n_params(critic.trainable_variables)
+    assert (config["input_layout"], config["input_size"]) == (("features", 10) if kind == "features" else ("h_z", None))
 
 
-def test_compiled_forward_does_not_retrace_per_batch_size():
-    critic = CriticNetwork(model_size="nano")
+@pytest.mark.parametrize("kind", list(CRITIC_KINDS))
+def test_compiled_forward_does_not_retrace_per_batch_size(kind):
+    critic = CriticNetwork(model_size="nano", **CRITIC_KINDS[kind])
     randomize(critic)
     predict = predict_function(critic)
     predict_ema = predict_function(critic, use_ema=True)
     for batch in (1, 3, 5, 8):
-        h, z = random_inputs(critic, batch, seed=batch)
-        value, logits = predict(h, z)
+        inputs = inputs_of(critic, batch, seed=batch)
+        value, logits = predict(*inputs)
         assert value.shape == (batch,) and logits.shape == (batch, 255)
-        np.testing.assert_allclose(to_np(value), to_np(critic(h, z)[0]), rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(to_np(predict_ema(h, z)[0]), to_np(critic(h, z, use_ema=True)[0]), atol=1e-6)
+        np.testing.assert_allclose(to_np(value), to_np(critic(*inputs)[0]), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(to_np(predict_ema(*inputs)[0]), to_np(critic(*inputs, use_ema=True)[0]), atol=1e-6)
     if BACKEND == "tensorflow":
         assert predict.compiled.experimental_get_tracing_count() == 1
-        h, z = random_inputs(critic, 100)
-        predict(h, z)
+        predict(*inputs_of(critic, 100))
         assert predict.compiled.experimental_get_tracing_count() == 1
     elif BACKEND == "jax":
         assert predict.compiled._cache_size() == 1  # 1..8 share the 8-row program
-    with pytest.raises(ValueError, match="h: got shape"):
-        predict(np.zeros((2, 3), "float32"), np.zeros((2, 4, 4), "float32"))
+    bad = {"h_z": [np.zeros((2, 3), "float32"), np.zeros((2, 4, 4), "float32")], "features": [np.zeros((2, 3))]}
+    with pytest.raises(ValueError, match=r"h: got shape" if kind == "h_z" else r"x: got shape \[2, 3\], expected"):
+        predict(*bad[kind])
 
 
 def test_use_ema_is_a_bool_and_unknown_call_arguments_are_refused():
@@ -277,3 +331,60 @@ def test_use_ema_is_a_bool_and_unknown_call_arguments_are_refused():
     with pytest.raises(ValueError, match=r"use_EMA: not an argument of the critic's call"):
         critic(h, z, use_EMA=True)
     np.testing.assert_array_equal(to_np(critic(h, z, use_ema=np.bool_(True))[1]), to_np(critic(h, z, use_ema=True)[1]))
+
+
+def test_features_critic_is_the_h_z_critic_without_z_for_every_head_and_trunk(monkeypatch):
+    """A features critic of `input_size=D` computes what the `(h, z)` critic of `gru_units=D` and a one-class
+    `z` (the fake `z` model-free users passed) computes with `z = 0`: the same network but for `z`'s kernel row.
+    Every registered head and trunk, an ensemble for one of them, both halves; the outputs agree to float32
+    rounding (one matmul over D rows against a sum of the D rows' and the zero row's)."""
+    from multicritic.heads import HEADS
+    from multicritic.trunks import TRUNKS
+
+    from multicritic.backend import contract
+
+    # The math, op by op (36 compiled calls' compilations otherwise; the compiled calls have tests of their own).
+    monkeypatch.setattr(contract, "EAGER", True)
+    rng = np.random.default_rng(0)
+    sizes = dict(model_size=None, num_dense_layers=2, dense_hidden_units=8, num_buckets=21)
+    for i, (head, trunk) in enumerate([(head, "mlp") for head in HEADS] + [("two_hot", t) for t in TRUNKS]):
+        ensemble = {"ensemble_size": 2} if i == 0 else {}
+        features = CriticNetwork(**sizes, **ensemble, head=head, trunk=trunk, input_size=6)
+        h_z = CriticNetwork(
+            **sizes, **ensemble, head=head, trunk=trunk, gru_units=6, num_z_categoricals=1, num_z_classes=1
+        )
+        assert features.get_config()["head"] == h_z.get_config()["head"]
+        randomize(features, seed=i)
+        for var in features.ema_weights:
+            var.assign(var.value * 0.5)
+        copy_features_into_h_z(features, h_z, rng)
+        (x,) = inputs_of(features, 7, seed=i)
+        for use_ema in (False, True):
+            got, want = features(x, use_ema=use_ema), h_z(x, np.zeros((7, 1, 1), "float32"), use_ema=use_ema)
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(to_np(a), to_np(b), rtol=1e-5, atol=1e-6, err_msg=f"{head} {trunk}")
+        if trunk == "mlp":  # z's kernel row of 8 units per member, no more
+            assert n_params(h_z.trainable_variables) - n_params(features.trainable_variables) == 8 * (
+                2 if i == 0 else 1
+            )
+
+
+def test_features_critic_passes_keras_run_layer_test():
+    """Keras's own conformance check (serialization round trip, symbolic and eager calls, a training step,
+    mixed precision where the backend runs it): a features critic takes one input, as any Keras layer."""
+    from keras.src.testing import TestCase
+
+    class Conformance(TestCase):
+        def runTest(self):
+            pass
+
+    Conformance().run_layer_test(
+        CriticNetwork,
+        init_kwargs={"input_size": 12, "model_size": None, "num_dense_layers": 1, "dense_hidden_units": 16},
+        input_shape=(4, 12),
+        expected_output_shape=((4,), (4, 255)),
+        expected_num_trainable_weights=5,
+        expected_num_non_trainable_weights=5,
+        expected_num_seed_generators=0,
+        supports_masking=False,
+    )

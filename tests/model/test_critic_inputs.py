@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork
-from tests.conftest import BACKEND, compiled, random_inputs, randomize, to_np
+from tests.conftest import BACKEND, CRITIC_KINDS, compiled, inputs_of, random_inputs, randomize, to_np
 
 
 @pytest.fixture
@@ -112,44 +112,46 @@ def test_update_ema_refuses_a_decay_outside_the_unit_interval(critic, decay):
         np.testing.assert_array_equal(to_np(v), b)
 
 
-def _stateless(critic, h, z, **kwargs):
+def _stateless(critic, *inputs, **kwargs):
     fast = [v.value for v in critic.trainable_variables]
     rest = [v.value for v in critic.non_trainable_variables]
-    return critic.stateless_call(fast, rest, h, z, **kwargs)
+    return critic.stateless_call(fast, rest, *inputs, **kwargs)
 
 
-@pytest.mark.parametrize("ensemble_size", [1, 3])
-@pytest.mark.parametrize("lead", [(5, 3), (2, 3, 2)])
-def test_issue_71_finding_14_stateless_call_takes_the_leading_dims_the_call_takes(lead, ensemble_size):
+@pytest.mark.parametrize(
+    "lead, ensemble_size, kind",
+    [((5, 3), 1, "h_z"), ((5, 3), 3, "h_z"), ((2, 3, 2), 1, "h_z"), ((2, 3, 2), 3, "h_z"), ((2, 3, 2), 3, "features")],
+)
+def test_issue_71_finding_14_stateless_call_takes_the_leading_dims_the_call_takes(lead, ensemble_size, kind):
     """Issue 71 finding 14: `stateless_call` refused `[T, B, ...]` that `critic(h, z)` takes: it takes them, its
     outputs are the flat batch's reshaped (bit for bit) and `critic(h, z)`'s (to float32 rounding: the call runs
-    a compiled pass), on every backend; jit-compiled too (`jax.jit`, `tf.function`)."""
-    critic = CriticNetwork(model_size="nano", ensemble_size=ensemble_size)
+    a compiled pass), on every backend; jit-compiled too (`jax.jit`, `tf.function`). A features critic's `x`
+    alike."""
+    critic = CriticNetwork(model_size="nano", ensemble_size=ensemble_size, **CRITIC_KINDS[kind])
     randomize(critic, seed=3)
     for var in critic.ema_weights:  # the EMA copy apart from the fast weights: a mix-up shows
         var.assign(var.value * 0.5)
     n = int(np.prod(lead))
-    h, z = random_inputs(critic, n, seed=4)
+    flat = inputs_of(critic, n, seed=4)
+    shaped = tuple(x.reshape(lead + x.shape[1:]) for x in flat)
     members = () if ensemble_size == 1 else (ensemble_size,)
     want = None  # the fast pass's flat logits
     for use_ema in (False, True):
-        (value, logits), state = _stateless(
-            critic, h.reshape(lead + (-1,)), z.reshape(lead + z.shape[1:]), use_ema=use_ema
-        )
+        (value, logits), state = _stateless(critic, *shaped, use_ema=use_ema)
         assert tuple(value.shape) == members + lead and tuple(logits.shape) == members + lead + (255,)
         assert len(state) == len(critic.non_trainable_variables)
-        (flat_value, flat_logits), _ = _stateless(critic, h, z, use_ema=use_ema)
+        (flat_value, flat_logits), _ = _stateless(critic, *flat, use_ema=use_ema)
         want = want if use_ema else flat_logits
         np.testing.assert_array_equal(to_np(value), to_np(flat_value).reshape(members + lead))
         np.testing.assert_array_equal(to_np(logits), to_np(flat_logits).reshape(members + lead + (255,)))
-        call_value, call_logits = critic(h.reshape(lead + (-1,)), z.reshape(lead + z.shape[1:]), use_ema=use_ema)
+        call_value, call_logits = critic(*shaped, use_ema=use_ema)
         np.testing.assert_allclose(to_np(value), to_np(call_value), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(to_np(logits), to_np(call_logits), rtol=1e-5, atol=1e-5)
     if BACKEND != "torch":  # the compiled forms a JAX or TensorFlow host runs it in
         fast = [v.value for v in critic.trainable_variables]
         rest = [v.value for v in critic.non_trainable_variables]
-        step = compiled(lambda f, r, a, b: critic.stateless_call(f, r, a, b)[0])
-        got = step(fast, rest, h.reshape(lead + (-1,)), z.reshape(lead + z.shape[1:]))
+        step = compiled(lambda f, r, *inputs: critic.stateless_call(f, r, *inputs)[0])
+        got = step(fast, rest, *shaped)
         np.testing.assert_allclose(to_np(got[1]), to_np(want).reshape(members + lead + (255,)), rtol=1e-5, atol=1e-5)
 
 

@@ -5,16 +5,17 @@ import numpy as np
 import pytest
 
 from multicritic import CriticNetwork, CriticTrainer, MultiCritic, ReturnNormalizer
-from tests.conftest import random_inputs, to_np
+from tests.conftest import CRITIC_KINDS, inputs_of, random_inputs, to_np
 
 
 def dream(critic, seed=0, horizon=5, batch=4):
+    """`(h, z, rewards, continues)`, a features critic's `(x, rewards, continues)`."""
     rng = np.random.default_rng(seed)
-    h, z = random_inputs(critic, (horizon + 1) * batch, seed)
-    h, z = h.reshape(horizon + 1, batch, -1), z.reshape((horizon + 1, batch) + z.shape[1:])
+    flat = inputs_of(critic, (horizon + 1) * batch, seed)
+    inputs = [x.reshape((horizon + 1, batch) + x.shape[1:]) for x in flat]
     rewards = (rng.normal(size=(horizon + 1, batch)) * 10).astype("float32")
     continues = (rng.random((horizon + 1, batch)) > 0.1).astype("float32")
-    return h, z, rewards, continues
+    return (*inputs, rewards, continues)
 
 
 def randomized_pair():
@@ -79,25 +80,30 @@ def test_statistics_are_the_percentiles():
     assert float(to_np(ReturnNormalizer(impl="none").scale())) == 1.0
 
 
-def test_checkpoints_and_configs_round_trip(tmp_path):
+@pytest.mark.parametrize("kind", list(CRITIC_KINDS))
+def test_checkpoints_and_configs_round_trip(kind, tmp_path):
+    """A MultiCritic of `(h, z)` critics, or of features critics (`multi(x)`, `train_on_dream(x, ...)`)."""
     multi = MultiCritic(
         {
-            "task": {"model_size": "nano"},
-            "explore": {"model_size": "nano", "ensemble_size": 2, "aggregation": "min_of_random"},
+            "task": {"model_size": "nano", **CRITIC_KINDS[kind]},
+            "explore": {"model_size": "nano", "ensemble_size": 2, "aggregation": "min_of_random", **CRITIC_KINDS[kind]},
         }
     )
     trainer = CriticTrainer(multi, seed=3)
-    h, z, rewards, continues = dream(multi.critics["task"])
-    trainer.train_on_dream(h, z, {"task": rewards, "explore": rewards}, continues)
+    *inputs, rewards, continues = dream(multi.critics["task"])
+    trainer.train_on_dream(*inputs, {"task": rewards, "explore": rewards}, continues)
     path = trainer.save(tmp_path / "multi")
     clone = MultiCritic.from_config(multi.get_config())
     restored = CriticTrainer(clone, seed=3)
     restored.restore(path)
     for x, y in zip(trainer.state_variables, restored.state_variables):
         np.testing.assert_array_equal(to_np(x), to_np(y))
-    a = to_np(trainer.train_on_dream(h, z, {"task": rewards, "explore": rewards}, continues))
-    b = to_np(restored.train_on_dream(h, z, {"task": rewards, "explore": rewards}, continues))
+    a = to_np(trainer.train_on_dream(*inputs, {"task": rewards, "explore": rewards}, continues))
+    b = to_np(restored.train_on_dream(*inputs, {"task": rewards, "explore": rewards}, continues))
     assert a["total"] == b["total"]
+    outputs = clone(*[x[0] for x in inputs])
+    np.testing.assert_array_equal(to_np(outputs["task"][0]), to_np(clone.critics["task"](*[x[0] for x in inputs])[0]))
+    assert tuple(outputs["explore"][0].shape) == (2, 4)
 
 
 @pytest.mark.parametrize(
@@ -106,6 +112,10 @@ def test_checkpoints_and_configs_round_trip(tmp_path):
         (lambda: MultiCritic({}), "critics: got {}"),
         (lambda: MultiCritic({"a b": {"model_size": "nano"}}), "stream name 'a b' is not an identifier"),
         (lambda: MultiCritic({"a": {"model_size": "nano"}, "b": {"model_size": "micro"}}), "critics: got input sizes"),
+        (
+            lambda: MultiCritic({"a": {"model_size": "nano"}, "b": {"model_size": "nano", "input_size": 36}}),
+            r"critics: got input sizes .*'x': \(36,\).*expected built critics of one size \(and one kind",
+        ),
         (
             lambda: MultiCritic({"a": {"model_size": "nano"}}, stream_weights={"c": 1.0}),
             r"stream_weights: got streams \['c'\]",

@@ -247,22 +247,33 @@ def test_compiled_update_matches_eager(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("debias", [False, True])
-def test_config_round_trip(impl, debias):
+@pytest.mark.parametrize("num_tasks", [None, 3])
+def test_config_round_trip(impl, debias, num_tasks):
     norm = ReturnNormalizer(
-        impl=impl, rate=0.05, low_percentile=2.0, high_percentile=98.0, limit=0.5, debias=debias, name="n"
+        impl=impl,
+        rate=0.05,
+        low_percentile=2.0,
+        high_percentile=98.0,
+        limit=0.5,
+        debias=debias,
+        num_tasks=num_tasks,
+        name="n",
     )
     config = norm.get_config()
     assert "rate" not in config and config["debias"] == debias and config["decay"] == pytest.approx(0.95)
+    # One set of statistics writes the config of the versions before per-task statistics (their files compare).
+    assert config.get("num_tasks", "absent") == (num_tasks or "absent")
     for loaded in (
         ReturnNormalizer.from_config(config),
         keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(norm)),
     ):
         assert type(loaded) is ReturnNormalizer
         assert loaded.get_config() == config
-        for attr in ("impl", "decay", "rate", "low_percentile", "high_percentile", "limit", "debias"):
+        for attr in ("impl", "decay", "rate", "low_percentile", "high_percentile", "limit", "debias", "num_tasks"):
             assert getattr(loaded, attr) == pytest.approx(getattr(norm, attr)), attr
         assert [v.path for v in loaded.weights] == [v.path for v in norm.weights]
-        assert all(not v.trainable and v.dtype == "float32" and tuple(v.shape) == () for v in loaded.weights)
+        shape = () if num_tasks is None else (num_tasks,)
+        assert all(not v.trainable and v.dtype == "float32" and tuple(v.shape) == shape for v in loaded.weights)
 
 
 def test_an_old_config_loads():
@@ -439,3 +450,213 @@ def test_a_compiled_update_keeps_the_old_statistics_when_the_new_are_not_finite(
     eager.update(x)
     for name, value in state(eager).items():
         np.testing.assert_allclose(state(norm)[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# --- 6. Statistics per task (issue 74) ----------------------------------------------------------------------------
+
+
+def task_state(norm):
+    """The normaliser's variables by name, as numpy vectors."""
+    return {v.name: to_np(v).copy() for v in norm.weights}
+
+
+@pytest.mark.parametrize("debias", [False, True])
+def test_per_task_is_the_official_normaliser_of_each_task(goldens, debias):
+    """Task 0 gets the official inputs 0, 1, 2; task 1 the same inputs one update later (it has no return in the
+    first batch); task 2 none: each task's state and its offset and scale are the official code's after its own
+    updates, an absent task's unchanged, its debias correction included."""
+    rate, limit, lo, hi = (float(v) for v in goldens["norm/config"])
+    norm = ReturnNormalizer(
+        impl="perc", rate=rate, limit=limit, low_percentile=lo, high_percentile=hi, debias=debias, num_tasks=3
+    )
+    tag = "debias" if debias else "nodebias"
+    for i in range(4):
+        seen = [(task, j) for task, j in ((0, i), (1, i - 1)) if 0 <= j < 3]
+        returns = np.concatenate([goldens[f"norm/input_{j}"].ravel() for _, j in seen])
+        ids = np.concatenate([np.full(goldens[f"norm/input_{j}"].size, task) for task, j in seen])
+        norm.update(returns, ids)
+        got = task_state(norm)
+        offset, scale = to_np(norm.offset()), to_np(norm.scale())
+        for task, updates in ((0, min(i, 2)), (1, i - 1), (2, -1)):  # the last official update each task had
+            if updates < 0:  # never updated: the initial state (offset 0, scale the limit)
+                assert all(got[name][task] == 0.0 for name in got) and scale[task] == limit
+                continue
+            np.testing.assert_allclose(offset[task], goldens[f"norm/{tag}/offset_{updates}"], rtol=1e-6)
+            np.testing.assert_allclose(scale[task], goldens[f"norm/{tag}/scale_{updates}"], rtol=1e-6)
+            for name in ("lo", "hi") + (("corr",) if debias else ()):
+                want = goldens[f"norm/{tag}/state_{updates}/{name}"]
+                np.testing.assert_allclose(got[{"lo": "low", "hi": "high"}.get(name, name)][task], want, rtol=1e-6)
+
+
+def task_batches():
+    """`(returns, task ids)`: three tasks, task 1's returns 1e4 times larger; ids per element, per column
+    (broadcast) or a scalar; the constant batch has task 0 alone."""
+    rng = np.random.default_rng(11)
+    out = []
+    for x in batches():
+        ids = rng.integers(0, 3, size=x.shape[-1:] if x.ndim > 1 else x.shape)
+        if x.ndim == 3:
+            ids = rng.integers(0, 3, size=x.shape)
+        if np.all(x == x.flat[0]):
+            ids = np.int64(0)
+        out.append(((x * np.where(ids == 1, 1e4, 1.0)).astype("float32"), ids))
+    return out
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("debias", [False, True])
+def test_per_task_matches_a_numpy_transcription_per_task(impl, debias):
+    """One numpy normaliser per task, fed only its task's returns (numpy.percentile, linear interpolation, then
+    the EMA), to float32 rounding."""
+    norm = ReturnNormalizer(impl=impl, rate=0.3, low_percentile=10.0, high_percentile=90.0, debias=debias, num_tasks=3)
+    refs = [NumpyNormalizer(impl, 0.3, 10.0, 90.0, 1.0, debias) for _ in range(3)]
+    for x, ids in task_batches():
+        norm.update(x, ids)
+        full = np.broadcast_to(ids, x.shape)
+        for task, ref in enumerate(refs):
+            if (full == task).any():
+                ref.update(x[full == task])
+        want = np.array([ref.stats() for ref in refs])  # [task, (offset, scale)]
+        got = task_state(norm)
+        for task, ref in enumerate(refs):
+            names = {"meanstd": {"mean": ref.mean, "sqmean": ref.sqmean}, "none": {}}.get(
+                impl, {"low": ref.lo, "high": ref.hi}
+            )
+            if debias and impl != "none":
+                names["corr"] = ref.corr
+            for name, value in names.items():
+                np.testing.assert_allclose(got[name][task], value, rtol=2e-5, atol=1e-6, err_msg=f"{name}[{task}]")
+        np.testing.assert_allclose(to_np(norm.offset()), want[:, 0], rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(to_np(norm.scale()), want[:, 1], rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(to_np(norm.scale(full)), want[full, 1], rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            to_np(norm.normalize(x, ids)), (x - want[full, 0]) / want[full, 1], rtol=2e-5, atol=1e-5
+        )
+    assert all(tuple(v.shape) == (3,) for v in norm.weights)
+
+
+def test_per_task_percentiles_are_numpys():
+    """Ties, one value, a task with none, non-finite values and ids outside [0, N) (both left out)."""
+    from multicritic.model.normalizer import per_task_percentiles
+
+    x = np.array([3.0, 1.0, 1.0, np.nan, 7.0, -2.0, 5.0, np.inf, 4.0, 4.0, 9.0, 2.0], "float32")
+    ids = np.array([0, 0, 1, 0, 2, 0, 2, 2, 0, 5, -1, 0], "int32")
+    qs = (0.0, 5.0, 37.5, 50.0, 100.0)
+    got = to_np(per_task_percentiles(keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(ids), 4, qs))
+    for task in range(4):
+        values = x[(ids == task) & np.isfinite(x)]
+        for q, vector in zip(qs, got):
+            want = np.percentile(values, q) if values.size else np.nan
+            np.testing.assert_allclose(vector[task], want, rtol=1e-6, err_msg=f"task {task}, q {q}")
+
+
+@pytest.mark.parametrize(
+    "task_ids, message",
+    [
+        (np.array([0, 1, 3, 0, 1, 2, 0, 1, 0]), r"task_ids: got 3, expected integers in \[0, 3\) \(num_tasks=3\)"),
+        (np.array([0, -1, 0, 0, 1, 2, 0, 1, 0]), r"task_ids: got -1, expected integers in \[0, 3\)"),
+        (np.zeros(9, "float32"), r"task_ids: got a ndarray of shape \[9\] of dtype float32, expected integers"),
+        (np.zeros(9, bool), r"task_ids: got .* of dtype bool, expected integers"),
+        (
+            np.zeros(4, "int32"),
+            r"task_ids: got shape \[4\], expected a shape that broadcasts to (returns|x) of shape \[16, 9\]",
+        ),
+        (np.zeros((3, 9), "int32"), r"task_ids: got shape \[3, 9\], expected a shape that broadcasts"),
+        (None, r"task_ids: got None, expected the task of each value, integers in \[0, 3\)"),
+        ("a", "task_ids: got 'a'"),
+    ],
+)
+def test_bad_task_ids_are_refused_before_any_change(task_ids, message):
+    norm = ReturnNormalizer(impl="perc", debias=True, num_tasks=3)
+    x = batches()[0]  # [16, 9]
+    norm.update(x, np.arange(9) % 3)
+    before = task_state(norm)
+    with pytest.raises(ValueError, match=message):
+        norm.update(x, task_ids=task_ids)
+    with pytest.raises(ValueError, match=message):
+        norm.statistics(x, task_ids)
+    with pytest.raises(ValueError, match=message):
+        norm.normalize(x, task_ids)
+    for name, value in task_state(norm).items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+def test_task_ids_need_num_tasks_and_update_from_takes_vectors():
+    x = batches()[0]
+    scalar = ReturnNormalizer(impl="perc")
+    for call in (
+        lambda: scalar.update(x, task_ids=np.zeros(9, "int32")),
+        lambda: scalar.update(x, np.zeros(9, "int32")),  # not the deprecated update(low, high)
+        lambda: scalar.statistics(x, np.zeros(9, "int32")),
+        lambda: scalar.scale(np.zeros(9, "int32")),
+    ):
+        with pytest.raises(ValueError, match=r"task_ids: got .*(num_tasks=N|num_tasks=None)"):
+            call()
+    assert all(float(to_np(v)) == 0.0 for v in scalar.weights)
+    norm = ReturnNormalizer(impl="perc", rate=0.5, debias=True, num_tasks=2)
+    norm.update(x, np.array([0, 1, 0, 1, 0, 1, 0, 1, 0]))
+    same = ReturnNormalizer(impl="perc", rate=0.5, debias=True, num_tasks=2)
+    same.update(x, task_ids=np.array([0, 1, 0, 1, 0, 1, 0, 1, 0]))  # by name: the same
+    assert all(np.array_equal(a, b) for a, b in zip(task_state(norm).values(), task_state(same).values()))
+    before = task_state(norm)
+    # NaN: a task without returns keeps its state; infinite host statistics and other shapes are refused.
+    norm.update_from({"return_low": np.array([np.nan, -1.0]), "return_high": np.array([np.nan, 1.0])})
+    after = task_state(norm)
+    assert after["low"][0] == before["low"][0] and after["corr"][0] == before["corr"][0]
+    assert after["low"][1] == pytest.approx(0.5 * before["low"][1] - 0.5) and after["corr"][1] == 0.75
+    with pytest.raises(ValueError, match=r"stats\['return_low'\]: got inf \(as float32\) for task 1"):
+        norm.update_from({"return_low": np.array([0.0, np.inf]), "return_high": np.array([1.0, 1.0])})
+    with pytest.raises(ValueError, match=r"stats\['return_high'\]: got an array of shape \[\], expected a vector"):
+        norm.update_from({"return_low": np.array([0.0, 1.0]), "return_high": 1.0})
+    with pytest.raises(ValueError, match="num_tasks: got 0, expected an integer >= 1"):
+        ReturnNormalizer(num_tasks=0)
+
+
+def test_a_compiled_per_task_update_matches_eager():
+    """Inside one compiled function: a perc and a meanstd normaliser per task, from tensors with non-finite
+    returns (left out), a task absent (kept), then ids outside [0, N) (the whole update changes nothing) and
+    offsets / scales per element (NaN for such an id)."""
+    norms = [ReturnNormalizer(impl=impl, rate=0.2, debias=True, num_tasks=3) for impl in ("perc", "meanstd")]
+    eager = [ReturnNormalizer(impl=impl, rate=0.2, debias=True, num_tasks=3) for impl in ("perc", "meanstd")]
+    variables = [v for n in norms for v in n.weights]
+
+    def step(values, x, ids):
+        def body():
+            for n in norms:
+                n.update_from(n.statistics(x, ids))
+            return [n.scale(ids) for n in norms]
+
+        if BACKEND != "jax":
+            return None, body()
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            out = body()
+        return [scope.get_current_value(v) for v in variables], out
+
+    fn = compiled(step)
+    rng = np.random.default_rng(5)
+    for i in range(3):
+        x = (rng.normal(size=(6, 8)) * np.array([1, 1e4, 1, 1e4, 1, 1, 1, 1])).astype("float32")
+        ids = np.array([0, 1, 0, 1, 0, 0, 0, 0] if i != 1 else [0, 1, 2, 1, 2, 0, 2, 0], "int32")
+        x[i, 2] = np.nan
+        values = [keras.ops.convert_to_tensor(v.value) for v in variables] if BACKEND == "jax" else None
+        new, scales = fn(values, keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(ids))
+        if new is not None:
+            for v, value in zip(variables, new):
+                v.assign(value)
+        for n, e, scale in zip(norms, eager, scales):
+            kept = np.isfinite(x)
+            e.update(x[kept], np.broadcast_to(ids, x.shape)[kept])
+            for a, b in zip(n.weights, e.weights):
+                np.testing.assert_allclose(to_np(a), to_np(b), rtol=1e-5, atol=1e-6, err_msg=a.name)
+            np.testing.assert_allclose(to_np(scale), to_np(e.scale(ids)), rtol=1e-5, atol=1e-6)
+    assert to_np(norms[0].corr).tolist() == pytest.approx([0.488, 0.488, 0.2])  # task 2: one update of three
+    before = [to_np(v).copy() for v in variables]
+    values = [keras.ops.convert_to_tensor(v.value) for v in variables] if BACKEND == "jax" else None
+    bad = keras.ops.convert_to_tensor(np.array([0, 1, 0, 3, 0, 0, 0, 0], "int32"))
+    new, scales = fn(values, keras.ops.convert_to_tensor(x), bad)
+    if new is not None:
+        for v, value in zip(variables, new):
+            v.assign(value)
+    for v, value in zip(variables, before):
+        np.testing.assert_array_equal(to_np(v), value, err_msg=v.name)
+    assert np.isnan(to_np(scales[0])[3]) and np.isfinite(np.delete(to_np(scales[0]), 3)).all()

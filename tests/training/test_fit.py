@@ -9,7 +9,7 @@ import pytest
 from multicritic import CriticNetwork, CriticTrainer
 from multicritic.training.callbacks import BackupAndRestore
 from tests import numpy_reference as ref
-from tests.conftest import BACKEND, random_inputs, randomize, to_np
+from tests.conftest import BACKEND, CRITIC_KINDS, inputs_of, random_inputs, randomize, to_np
 
 
 def critic(size="nano", seed=3, **kwargs):
@@ -19,18 +19,18 @@ def critic(size="nano", seed=3, **kwargs):
 
 
 def direct_data(c, n=80, seed=0):
-    h, z = random_inputs(c, n, seed)
+    """`(h, z, targets, weights)`, a features critic's `(x, targets, weights)`."""
+    inputs = inputs_of(c, n, seed)
     rng = np.random.default_rng(seed + 1)
-    return h, z, (30.0 * rng.normal(size=n)).astype(np.float32), rng.uniform(0.2, 1.0, size=n).astype(np.float32)
+    return (*inputs, (30.0 * rng.normal(size=n)).astype(np.float32), rng.uniform(0.2, 1.0, size=n).astype(np.float32))
 
 
 def dream_data(c, b=12, horizon=5, seed=0):
-    """Batch-major dream data `[B, H+1, ...]`, as Keras batches it."""
-    h, z = random_inputs(c, b * horizon, seed)
+    """Batch-major dream data `[B, H+1, ...]`, as Keras batches it (a features critic's `x` in place of `h, z`)."""
+    inputs = inputs_of(c, (b, horizon), seed)
     rng = np.random.default_rng(seed + 1)
     return (
-        h.reshape(b, horizon, -1),
-        z.reshape((b, horizon) + z.shape[1:]),
+        *inputs,
         (10.0 * rng.normal(size=(b, horizon))).astype(np.float32),
         (rng.uniform(size=(b, horizon)) > 0.1).astype(np.float32),
     )
@@ -49,18 +49,21 @@ def assert_identical(a, b):
         np.testing.assert_array_equal(to_np(va), to_np(vb), err_msg=va.path)
 
 
-@pytest.mark.parametrize("jit_compile", [False, True])
-def test_fit_equals_trainer_and_numpy_reference(jit_compile):
-    """5 `fit` steps == 5 `CriticTrainer` steps (same math) == the float64 numpy reference step."""
-    a, b = critic("micro"), critic("micro")
-    h, z, targets, weights = direct_data(a, 80)
+@pytest.mark.parametrize("jit_compile, kind", [(False, "h_z"), (True, "h_z"), (False, "features")])
+def test_fit_equals_trainer_and_numpy_reference(jit_compile, kind):
+    """5 `fit` steps == 5 `CriticTrainer` steps (same math) == the float64 numpy reference step (a features
+    critic: `fit(x, y)`, the reference's `z` empty)."""
+    a, b = critic("micro", **CRITIC_KINDS[kind]), critic("micro", **CRITIC_KINDS[kind])
+    *inputs, targets, weights = direct_data(a, 80)
     numpy_trainer = ref.Trainer(ref.params_from(a), ref.params_from(a, ema=True))
     a.compile(jit_compile=jit_compile)
-    history = a.fit((h, z), targets, sample_weight=weights, batch_size=16, shuffle=False, verbose=0)
+    x = tuple(inputs) if len(inputs) == 2 else inputs[0]
+    history = a.fit(x, targets, sample_weight=weights, batch_size=16, shuffle=False, verbose=0)
     trainer = CriticTrainer(b)
     for i in range(5):
         part = slice(16 * i, 16 * (i + 1))
-        trainer.train_step(h[part], z[part], targets[part], weights[part])
+        trainer.train_step(*[x[part] for x in inputs], targets[part], weights[part])
+        h, z = inputs if len(inputs) == 2 else (inputs[0], np.zeros((80, 0), "float32"))
         numpy_trainer.step(h[part], z[part], targets[part], weights[part])
     assert_same_weights(a, b)
     for got, want_w in zip(ref.flatten(ref.params_from(a)), numpy_trainer.w):
@@ -83,20 +86,30 @@ def test_fit_equals_trainer_and_numpy_reference(jit_compile):
     assert history.history["step_skipped"] == [0.0]
 
 
-@pytest.mark.parametrize("jit_compile", [False, True])
-def test_fit_on_dreams_equals_trainer_with_ema_period(jit_compile):
-    """Dream batches (batch-major in fit, time-major in the trainer), EMA every 2nd step, over two epochs."""
-    a, b = critic(), critic()
-    h, z, rewards, continues = dream_data(a, b=12)
+@pytest.mark.parametrize("jit_compile, kind", [(False, "h_z"), (True, "h_z"), (True, "features")])
+def test_fit_on_dreams_equals_trainer_with_ema_period(jit_compile, kind):
+    """Dream batches (batch-major in fit, time-major in the trainer), EMA every 2nd step, over two epochs (a
+    features critic: `fit((x, rewards, continues))`, a dict batch too)."""
+    a, b = critic(**CRITIC_KINDS[kind]), critic(**CRITIC_KINDS[kind])
+    *inputs, rewards, continues = dream_data(a, b=12)
     a.compile(ema_update_period=2, learning_rate=1e-3, jit_compile=jit_compile)
-    a.fit((h, z, rewards, continues), batch_size=4, epochs=2, shuffle=False, verbose=0)
+    a.fit((*inputs, rewards, continues), batch_size=4, epochs=2, shuffle=False, verbose=0)
     trainer = CriticTrainer(b, ema_update_period=2, learning_rate=1e-3)
     for _ in range(2):
         for i in range(3):
             p = slice(4 * i, 4 * (i + 1))
-            trainer.train_on_dream(h[p].swapaxes(0, 1), z[p].swapaxes(0, 1), rewards[p].T, continues[p].T)
+            trainer.train_on_dream(*[x[p].swapaxes(0, 1) for x in inputs], rewards[p].T, continues[p].T)
     assert_same_weights(a, b)
     assert int(to_np(a.optimizer.iterations)) == int(to_np(trainer.steps)) == 6
+    if kind == "features":
+        (x,) = inputs
+        batches = {"x": x, "rewards": rewards, "continues": continues}
+        logs = a.evaluate(batches, batch_size=4, verbose=0, return_dict=True)
+        assert np.isfinite(logs["loss"])
+        value, logits = a.predict(x[:, 0], batch_size=4, verbose=0)
+        np.testing.assert_allclose(value, to_np(a(x[:, 0])[0]), rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match=r"x: got shape \[\w+, 9\], expected \[\.\.\., 10\] \(input_size=10\)"):
+            a.fit(x[:, 0, :9], rewards[:, 0], verbose=0)
 
 
 def test_evaluate_and_predict():

@@ -187,6 +187,10 @@ RESOLVED_SPECS = {
         "stream_weights": {"explore": 0.5},
         "normalizers": {"task": {"impl": "perc", "rate": 0.01, "debias": True}, "explore": "meanstd"},
     },
+    "multi per task": {  # issue 74: a normaliser's statistics per task
+        "critics": {"task": {"model_size": "nano"}},
+        "normalizers": {"task": {"impl": "perc", "num_tasks": 2}},
+    },
 }
 
 

@@ -37,10 +37,7 @@ tensorboard is missing a stub is installed (it is only used by tools.Logger).
 It writes nm512_goldens.npz and nm512_goldens_manifest.json (every key
 described) into --out-dir (default: next to this script).
 """
-import argparse
 import copy
-import hashlib
-import json
 import os
 import sys
 import types
@@ -52,6 +49,9 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.append(os.path.dirname(HERE))  # goldens_common.py, shared with r2dreamer's generator
+import goldens_common as common  # noqa: E402
+
 COMMIT = "6ef8646d807cd10ce0c88e10a7e943211e7fc44c"
 SOURCE_SHA256 = {
     "networks.py": "6111a4f3d4332dd4cbe8c4bc319222b384419a8110e8a27b5d041f1075ad493a",
@@ -76,36 +76,10 @@ T, B = 3, 4
 EMBED = 16  # RSSM posterior input size; unused by get_feat
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--src", default=os.environ.get("NM512_SRC", os.path.join(HERE, "src")))
-    p.add_argument("--out-dir", default=HERE)
-    p.add_argument("--allow-source-mismatch", action="store_true")
-    return p.parse_args()
-
-
-def check_source(src, allow):
-    got = {}
-    for name, want in SOURCE_SHA256.items():
-        with open(os.path.join(src, name), "rb") as f:
-            got[name] = hashlib.sha256(f.read()).hexdigest()
-        if got[name] != want:
-            msg = f"{name}: sha256 {got[name]} != expected {want} (commit {COMMIT})"
-            if not allow:
-                raise SystemExit(msg + "; pass --allow-source-mismatch to go on")
-            print("WARNING:", msg)
-    return got
-
-
 def import_nm512(src):
     sys.path.insert(0, os.path.abspath(src))
-    try:
-        import torch.utils.tensorboard  # noqa: F401  (tools.py needs it at import)
-    except ImportError:
-        stub = types.ModuleType("torch.utils.tensorboard")
-        stub.SummaryWriter = None  # only tools.Logger uses it
-        sys.modules["torch.utils.tensorboard"] = stub
-        print("note: tensorboard missing; stubbed torch.utils.tensorboard")
+    # tools.py imports it at module level; only tools.Logger uses it.
+    common.stub_missing("torch.utils.tensorboard", "SummaryWriter")
     import models
     import networks
     import tools
@@ -155,10 +129,6 @@ def build_rssm(networks, cfg):
         EMBED,
         cfg.device,
     )
-
-
-def sd_numpy(module):
-    return {k: v.detach().cpu().numpy().astype(np.float32).copy() for k, v in module.state_dict().items()}
 
 
 def value_loss_expr(behavior, feat, target, weights):
@@ -214,8 +184,8 @@ def train_call_loss(behavior, rssm, state, feat, target, weights, cfg):
 
 
 def main():
-    args = parse_args()
-    src_sha = check_source(args.src, args.allow_source_mismatch)
+    args = common.parse_args(__doc__.split("\n")[0], "NM512_SRC", HERE)
+    src_sha = common.check_source(args.src, SOURCE_SHA256, COMMIT, args.allow_source_mismatch)
     models, networks, tools = import_nm512(args.src)
     torch.set_num_threads(1)
     cfg = load_config(args.src, tools)
@@ -229,8 +199,8 @@ def main():
     behavior = models.ImagBehavior(cfg, world_model)  # builds value + deepcopy slow
     value_mod = behavior.value
     feat_size = cfg.dyn_stoch * cfg.dyn_discrete + cfg.dyn_deter
-    init_sd = sd_numpy(value_mod)
-    init_slow_sd = sd_numpy(behavior._slow_value)
+    init_sd = common.sd_numpy(value_mod)
+    init_slow_sd = common.sd_numpy(behavior._slow_value)
     assert all(np.array_equal(init_sd[k], init_slow_sd[k]) for k in init_sd)
     head_init_zero = bool(
         np.all(init_sd["mean_layer.weight"] == 0) and np.all(init_sd["mean_layer.bias"] == 0)
@@ -257,65 +227,48 @@ def main():
 
     # --- inputs (numpy default_rng(2)) ---
     rng2 = np.random.default_rng(2)
-    lg = 2.0 * rng2.normal(size=(T, B, cfg.dyn_stoch, cfg.dyn_discrete))
-    stoch = np.exp(lg - lg.max(-1, keepdims=True))
-    stoch = (stoch / stoch.sum(-1, keepdims=True)).astype(np.float32)
-    deter = np.tanh(rng2.normal(size=(T, B, cfg.dyn_deter))).astype(np.float32)
+    stoch, deter = common.latents(rng2, (T, B), cfg.dyn_stoch, cfg.dyn_discrete, cfg.dyn_deter)
     state = {"stoch": torch.from_numpy(stoch), "deter": torch.from_numpy(deter)}
     feat = rssm.get_feat(state)
     assert feat.shape == (T, B, feat_size), feat.shape
-    feat_np = feat.detach().numpy().astype(np.float32)
-    flat = stoch.reshape(T, B, -1)
-    feat_order_ok = bool(
-        np.array_equal(feat_np[..., : flat.shape[-1]], flat)
-        and np.array_equal(feat_np[..., flat.shape[-1]:], deter)
-    )
+    feat_np = common.numpy32(feat)
+    feat_order_ok = common.stoch_then_deter(feat_np, stoch, deter)
     assert feat_order_ok
 
     # --- targets and weights (numpy default_rng(1)) ---
-    rng1 = np.random.default_rng(1)
-    target_np = rng1.uniform(-50.0, 50.0, size=(T, B)).astype(np.float32)
+    target_np, weights_np = common.targets_and_weights((T, B))
     # symlog(0) = 0 is the middle bucket; torch's float32 linspace puts bucket 127
     # at 7.45e-8, so DiscDist.log_prob sees below=126, above=127 (weight ~1 on 127)
     target_np[0, 0] = 0.0
-    weights_np = rng1.uniform(0.5, 1.0, size=(T, B)).astype(np.float32)
     target = torch.from_numpy(target_np)[..., None]
     weights = torch.from_numpy(weights_np)[..., None]
 
-    value_sd = sd_numpy(value_mod)
-    slow_sd = sd_numpy(behavior._slow_value)
+    value_sd = common.sd_numpy(value_mod)
+    slow_sd = common.sd_numpy(behavior._slow_value)
 
     # cross-check first (it works on a deepcopy taken before any slow update)
     train_loss, b_after = train_call_loss(behavior, rssm, state, feat.detach(), target, weights, cfg)
 
     # --- loss with the exact expression, real DiscDist ---
-    for p in value_mod.parameters():
-        p.grad = None
-    value, slow_target, loss = value_loss_expr(behavior, feat, target, weights)
-    loss.backward()
-    grad_logits = value.logits.grad.detach().numpy().astype(np.float32)
-    logits = value.logits.detach().numpy().astype(np.float32)
-    slow_logits = slow_target.logits.detach().numpy().astype(np.float32)
-    v_mode = value.mode().detach()[..., 0].numpy().astype(np.float32)
-    v_mean = value.mean().detach()[..., 0].numpy().astype(np.float32)
-    s_mode = slow_target.mode().detach()[..., 0].numpy().astype(np.float32)
-    s_mean = slow_target.mean().detach()[..., 0].numpy().astype(np.float32)
+    value, slow_target, loss, logits, grad_logits = common.loss_and_grads(
+        value_mod, lambda: value_loss_expr(behavior, feat, target, weights)
+    )
+    slow_logits = common.numpy32(slow_target.logits)
+    v_mode, v_mean = common.numpy32(value.mode()[..., 0]), common.numpy32(value.mean()[..., 0])
+    s_mode, s_mean = common.numpy32(slow_target.mode()[..., 0]), common.numpy32(slow_target.mean()[..., 0])
     assert np.array_equal(v_mode, v_mean) and np.array_equal(s_mode, s_mean)
-    lp_target = value.log_prob(target).detach().numpy().astype(np.float32)
-    lp_slow = value.log_prob(slow_target.mode().detach()).detach().numpy().astype(np.float32)
+    lp_target = common.numpy32(value.log_prob(target))
+    lp_slow = common.numpy32(value.log_prob(slow_target.mode().detach()))
     buckets = value.buckets.numpy().astype(np.float32)
 
     # --- one slow update by the real method (_updates == 0 -> applies) ---
     assert behavior._updates == 0
     behavior._update_slow_target()
-    slow_after_sd = sd_numpy(behavior._slow_value)
-    mix = critic["slow_target_fraction"]
-    for k in slow_sd:
-        ref = mix * value_sd[k] + (1 - mix) * slow_sd[k]
-        np.testing.assert_allclose(slow_after_sd[k], ref, rtol=1e-6, atol=1e-7)
+    slow_after_sd = common.sd_numpy(behavior._slow_value)
+    common.check_mixed(slow_after_sd, value_sd, slow_sd, critic["slow_target_fraction"])
     # _train's slow update must agree, and its loss must be the expression's
     # loss evaluated with the updated slow critic.
-    b_after_sd = sd_numpy(b_after._slow_value)
+    b_after_sd = common.sd_numpy(b_after._slow_value)
     for k in slow_after_sd:
         assert np.array_equal(b_after_sd[k], slow_after_sd[k]), k
     _, _, loss_with_updated_slow = value_loss_expr(behavior, feat, target, weights)
@@ -323,19 +276,14 @@ def main():
         train_loss.numpy(), loss_with_updated_slow.detach().numpy(), rtol=1e-6, atol=0
     )
 
-    out = {}
-    desc = {}
-
-    def put(key, arr, text):
-        out[key] = np.asarray(arr, dtype=np.float32)
-        desc[key] = text
-
-    for k, v in value_sd.items():
-        put(f"value/{k}", v, "value critic param (torch state_dict layout; Linear [out, in])")
-    for k, v in slow_sd.items():
-        put(f"slow_value/{k}", v, "slow critic param before the update")
-    for k, v in slow_after_sd.items():
-        put(f"slow_after/{k}", v, "slow critic param after ONE real ImagBehavior._update_slow_target() (_updates=0)")
+    goldens = common.Goldens()
+    put = goldens.put
+    texts = (
+        "value critic param (torch state_dict layout; Linear [out, in])",
+        "slow critic param before the update",
+        "slow critic param after ONE real ImagBehavior._update_slow_target() (_updates=0)",
+    )
+    goldens.put_states(value_sd, slow_sd, slow_after_sd, texts)
     put("stoch", stoch, "state['stoch'] [T,B,dyn_stoch,dyn_discrete] categorical probs")
     put("deter", deter, "state['deter'] [T,B,dyn_deter]")
     put("feat", feat_np, "RSSM.get_feat(state) = cat([stoch.reshape(T,B,stoch*discrete), deter], -1)")
@@ -354,15 +302,8 @@ def main():
         "value loss from the real ImagBehavior._train, which calls _update_slow_target FIRST, "
         "so it equals `loss` evaluated with slow_after/* params")
 
-    os.makedirs(args.out_dir, exist_ok=True)
-    npz_path = os.path.join(args.out_dir, "nm512_goldens.npz")
-    np.savez(npz_path, **out)
     manifest = {
-        "source": "https://github.com/NM512/dreamerv3-torch",
-        "commit": COMMIT,
-        "source_sha256": src_sha,
-        "generator": "generate_nm512_goldens.py",
-        "versions": {"torch": torch.__version__, "numpy": np.__version__, "python": sys.version.split()[0]},
+        **common.provenance("https://github.com/NM512/dreamerv3-torch", COMMIT, src_sha, "generate_nm512_goldens.py"),
         "config_overrides": OVERRIDES,
         "config_used": {
             "critic": critic,
@@ -382,12 +323,7 @@ def main():
         },
         "T": T,
         "B": B,
-        "seeds": {
-            "torch.manual_seed": 0,
-            "perturbation": "np.random.default_rng(0)",
-            "inputs": "np.random.default_rng(2)",
-            "target_weights": "np.random.default_rng(1)",
-        },
+        "seeds": common.SEEDS,
         "perturbation_order": perturb_order,
         "nm512_head_init_all_zero": head_init_zero,
         "feat_concat_order_stoch_then_deter": feat_order_ok,
@@ -399,12 +335,8 @@ def main():
             "train_call_loss: real ImagBehavior._train on a deepcopy with _imagine/_compute_target/"
             "_compute_actor_loss stubbed to return these inputs and optimizers replaced by a recorder.",
         ],
-        "keys": {k: {"shape": list(v.shape), "dtype": str(v.dtype), "desc": desc[k]} for k, v in out.items()},
     }
-    with open(os.path.join(args.out_dir, "nm512_goldens_manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.write("\n")
-    print(f"wrote {npz_path} ({os.path.getsize(npz_path)} bytes), {len(out)} keys")
+    goldens.write(args.out_dir, "nm512_goldens", manifest, compressed=False)
     print(f"loss={loss.item():.7f} train_call_loss={train_loss.item():.7f}")
 
 
