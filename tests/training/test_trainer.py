@@ -337,6 +337,18 @@ def test_trainer_needs_a_built_critic():
         CriticTrainer(CriticNetwork(model_size=None, num_dense_layers=1, dense_hidden_units=4))
 
 
+def _tiny_critic():
+    return CriticNetwork(
+        model_size=None,
+        num_dense_layers=1,
+        dense_hidden_units=8,
+        gru_units=4,
+        num_z_categoricals=2,
+        num_z_classes=2,
+        num_buckets=15,
+    )
+
+
 def _run_shapes(trainer, critic, sizes):
     for i, n in enumerate(sizes):
         trainer.train_step(*direct_batch(critic, n, seed=i))
@@ -348,15 +360,7 @@ def test_issue_73_the_default_step_on_a_cpu_compiles_only_at_a_signatures_first_
     from multicritic.backend import contract
 
     monkeypatch.setattr(contract, "AUTO_COMPILE_AFTER_STEPS", 2)
-    critic = CriticNetwork(
-        model_size=None,
-        num_dense_layers=1,
-        dense_hidden_units=8,
-        gru_units=4,
-        num_z_categoricals=2,
-        num_z_classes=2,
-        num_buckets=15,
-    )
+    critic = _tiny_critic()
     trainer = CriticTrainer(critic)
     sizes = [8, 16, 8, 8, 24, 16, 8, 24, 16, 8, 8, 16]
     _run_shapes(trainer, critic, sizes)
@@ -380,15 +384,7 @@ def test_issue_73_on_an_accelerator_auto_switches_at_its_call_and_says_so_once(m
         import multicritic.backend.torch as torch_backend
 
         monkeypatch.setattr(torch_backend, "COMPILER", "aten")  # the switch, without inductor's code generation
-    critic = CriticNetwork(
-        model_size=None,
-        num_dense_layers=1,
-        dense_hidden_units=8,
-        gru_units=4,
-        num_z_categoricals=2,
-        num_z_classes=2,
-        num_buckets=15,
-    )
+    critic = _tiny_critic()
     trainer = CriticTrainer(critic)
     with caplog.at_level("WARNING", logger="multicritic"):
         _run_shapes(trainer, critic, [8, 8, 8, 16, 8])
