@@ -1873,7 +1873,7 @@ def _support_key(support):
     return None if support is None else tuple(float(b) for b in support)
 
 
-def _support_label(support) -> str:
+def support_label(support) -> str:
     return "default" if support is None else f"[{support[0]:g}, {support[1]:g}] (wrong)"
 
 
@@ -1911,7 +1911,7 @@ def _verdict_text(verdicts: dict, fmt) -> str:
     return ", ".join(parts)
 
 
-def _bins_label(head: str, bins: str) -> str:
+def bins_label(head: str, bins: str) -> str:
     """A demo run's bins, or "n/a (no buckets)" for a head without buckets (as `head_label`)."""
     from multicritic.heads import HEADS
 
@@ -1994,7 +1994,7 @@ def critic_comparison_demo(files, show="rmse", runs=None):
             else:
                 values = [_median_range([r["scales"][i]["relative_rmse"] for r in done]) for i in range(len(scales))]
             lines.append(
-                f"| {head} | {trunk} | {_bins_label(head, bins)} | {_support_label(support)} | {len(done)} | "
+                f"| {head} | {trunk} | {bins_label(head, bins)} | {support_label(support)} | {len(done)} | "
                 + " | ".join(values)
                 + " |"
             )
@@ -2050,7 +2050,7 @@ def critic_comparison_demo_verdicts(files, runs=None):
         verdicts = versus((head, "mlp", None, bins), reference)
         if not verdicts:
             continue
-        what = f"{bins} bins" if _bins_label(head, bins) == bins else "no buckets"
+        what = f"{bins} bins" if bins_label(head, bins) == bins else "no buckets"
         text = f"- The **{head}** head (MLP trunk, {what}) against the reference: {_verdict_text(verdicts, pct)}"
         against_control = versus((head, "mlp", None, bins), ("two_hot", "mlp", None, bins)) if bins != "symexp" else {}
         if against_control:
@@ -2088,7 +2088,7 @@ def critic_comparison_demo_verdicts(files, runs=None):
             ends = [r["scales"][-1]["final_support"] for r in cells[(head, trunk, support, bins)]]
             low, high = np.median(np.array(ends, dtype=float), axis=0)
             lines.append(
-                f"- The **{head}** head on {trunk} started from {_support_label(support)} against the default "
+                f"- The **{head}** head on {trunk} started from {support_label(support)} against the default "
                 f"start: {_verdict_text(verdicts, pct)}; at scale {scales[-1]:g} its support ended at "
                 f"[{low:.1f}, {high:.1f}] (median over seeds)."
             )
@@ -2108,7 +2108,7 @@ def critic_comparison_demo_verdicts(files, runs=None):
     ] + _demo_footer(data, taken)
 
 
-def _ppo_head(head: str):
+def ppo_head(head: str):
     """`(head name, initial support or None)` of a head given on the agents' command line."""
     import ast
 
@@ -2165,7 +2165,7 @@ def critic_comparison_ppo(files, runs=None):
         "|---|---|---|---:|" + "---:|" * (len(columns) + 1),
     ]
     for head, trunk in combos:
-        name, support = _ppo_head(head)
+        name, support = ppo_head(head)
         values, done = [], []
         for env in envs:
             for s in scales:
@@ -2174,7 +2174,7 @@ def critic_comparison_ppo(files, runs=None):
                 values.append(_seeds([final_return(r["episodes"], r["steps"]) for r in records]) if records else "")
         cost = f"{np.median([1e3 * r['seconds'] / r['steps'] for r in done]):.2f}" if done else ""
         lines.append(
-            f"| {name} | {trunk} | {_support_label(support)} | {len(done)} | " + " | ".join(values) + f" | {cost} |"
+            f"| {name} | {trunk} | {support_label(support)} | {len(done)} | " + " | ".join(values) + f" | {cost} |"
         )
     return lines + _ppo_footer(data, runs, taken)
 
@@ -2198,8 +2198,8 @@ def critic_comparison_ppo_verdicts(files, runs=None):
     for head, trunk in combos:
         if (head, trunk) == ("two_hot", "mlp"):
             continue
-        name, support = _ppo_head(head)
-        label = f"**{name}** on {trunk}" + ("" if support is None else f" started from {_support_label(support)}")
+        name, support = ppo_head(head)
+        label = f"**{name}** on {trunk}" + ("" if support is None else f" started from {support_label(support)}")
         per_env = []
         helps = False
         for env in envs:

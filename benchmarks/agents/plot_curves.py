@@ -46,6 +46,15 @@ def binned(episodes, steps, bins):
     return edges[1:], out
 
 
+def mean_curve(runs, bins):
+    """`(steps, mean return)` of runs' curves binned alike, the mean over runs (NaN where no run has an
+    episode in a bin)."""
+    curves = [binned(r["episodes"], r["steps"], bins) for r in runs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return curves[0][0], np.nanmean([c for _, c in curves], 0)
+
+
 def final_return(episodes, steps, fraction=0.1):
     """A run's final return: the mean return of the episodes ending in the last `fraction` of its steps
     (NaN when none did)."""
@@ -206,11 +215,7 @@ def plot_ppo(results, path, bins=20):
                 ]
                 if not chosen:
                     continue
-                curves = [binned(r["episodes"], r["steps"], bins) for r in chosen]
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    x, mean = curves[0][0], np.nanmean([c for _, c in curves], 0)
-                ax.plot(x, mean, linestyle=style, color=f"C{k}", linewidth=1.3)
+                ax.plot(*mean_curve(chosen, bins), linestyle=style, color=f"C{k}", linewidth=1.3)
         ax.set_title(f"{env}, {head}", fontsize=9)
         ax.tick_params(labelsize=8)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda steps, _: f"{steps / 1000:g}k"))
@@ -240,7 +245,7 @@ def plot_comparison(results, path, bins=20, runs=None):
     from matplotlib.ticker import FuncFormatter
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
-    from benchmarks.render_tables import _ppo_head, _support_label, comparison_ppo_cells
+    from benchmarks.render_tables import ppo_head, support_label, comparison_ppo_cells
 
     combos, envs, scales, cells = comparison_ppo_cells(results, runs)
     legend = 0.25 * ((len(combos) + 2) // 3) + 0.3  # inches under the panels for the legend
@@ -253,11 +258,7 @@ def plot_comparison(results, path, bins=20, runs=None):
             runs = cells.get((head, trunk, env, scale), [])
             if not runs:
                 continue
-            curves = [binned(r["episodes"], r["steps"], bins) for r in runs]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                mean = np.nanmean([c for _, c in curves], 0)
-            ax.plot(curves[0][0], mean, color=color, linestyle=style, linewidth=1.3)
+            ax.plot(*mean_curve(runs, bins), color=color, linestyle=style, linewidth=1.3)
         if not any(cells.get((head, trunk, env, scale)) for head, trunk in combos):
             ax.text(0.5, 0.5, "no run yet", transform=ax.transAxes, ha="center", va="center", color="0.5")
             ax.set_xticks([])
@@ -271,8 +272,8 @@ def plot_comparison(results, path, bins=20, runs=None):
             ax.set_ylabel("return", fontsize=8)
 
     def label(head, trunk):
-        name, support = _ppo_head(head)
-        return f"{name}, {trunk}" + ("" if support is None else f", start {_support_label(support)}")
+        name, support = ppo_head(head)
+        return f"{name}, {trunk}" + ("" if support is None else f", start {support_label(support)}")
 
     handles = [
         Line2D([], [], color=color, linestyle=style, label=label(*combo))

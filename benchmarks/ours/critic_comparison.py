@@ -347,9 +347,9 @@ def plot_demo(data: dict, path: str, runs=None) -> None:
 
 
 def _row_label(head: str, support, bins: str) -> str:
-    from benchmarks.render_tables import _bins_label
+    from benchmarks.render_tables import bins_label
 
-    label = _bins_label(head, bins)
+    label = bins_label(head, bins)
     return f"{head}, {'no buckets' if label != bins else bins}" + (
         "" if support is None else f", start [{support[0]:g}, {support[1]:g}]"
     )
